@@ -1,0 +1,97 @@
+package bufpool
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+)
+
+const (
+	minClassShift = 9  // 512 B
+	maxClassShift = 26 // 64 MiB
+	numClasses    = maxClassShift - minClassShift + 1
+)
+
+// MaxPooled is the largest buffer size kept in a pool.
+const MaxPooled = 1 << maxClassShift
+
+// Pool is a size-classed free list of byte slices. The zero value is not
+// usable; call New. A Pool is safe for concurrent use.
+type Pool struct {
+	classes [numClasses]sync.Pool
+
+	tracking    bool
+	outstanding atomic.Int64 // Gets minus Puts of pooled sizes, only when tracking
+}
+
+// Option configures a Pool.
+type Option func(*Pool)
+
+// Tracking makes the pool count buffers handed out and not yet returned, so a
+// test can assert that nothing leaked (Outstanding, CheckLeaks).
+func Tracking() Option { return func(p *Pool) { p.tracking = true } }
+
+// New returns an empty pool.
+func New(opts ...Option) *Pool {
+	p := &Pool{}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
+}
+
+// Default is the process-wide pool used by the daemon's receive and send
+// paths.
+var Default = New()
+
+// classOf returns the size class index for n bytes, or -1 when n is above the
+// largest class.
+func classOf(n int) int {
+	if n <= 1<<minClassShift {
+		return 0
+	}
+	if n > MaxPooled {
+		return -1
+	}
+	return bits.Len(uint(n-1)) - minClassShift
+}
+
+// Get returns a slice of length n from the pool (mem.BufferPool). The caller
+// owns it until it passes it, or a prefix of it, to Put.
+func (p *Pool) Get(n int) *[]byte {
+	c := classOf(n)
+	if c < 0 {
+		b := make([]byte, n)
+		return &b
+	}
+	if p.tracking {
+		p.outstanding.Add(1)
+	}
+	if v := p.classes[c].Get(); v != nil {
+		bp := v.(*[]byte)
+		*bp = (*bp)[:n]
+		return bp
+	}
+	b := make([]byte, n, 1<<(c+minClassShift))
+	return &b
+}
+
+// Put returns a slice obtained from Get (mem.BufferPool). Slices whose
+// capacity is not exactly a size class (unpooled large buffers, foreign
+// slices) are dropped for the garbage collector.
+func (p *Pool) Put(bp *[]byte) {
+	c := cap(*bp)
+	if c < 1<<minClassShift || c > MaxPooled || c&(c-1) != 0 {
+		return
+	}
+	if p.tracking {
+		p.outstanding.Add(-1)
+	}
+	*bp = (*bp)[:c]
+	poison(*bp)
+	p.classes[bits.Len(uint(c))-1-minClassShift].Put(bp)
+}
+
+// Outstanding reports pooled buffers handed out and not returned. It is only
+// counted for a pool made with Tracking.
+func (p *Pool) Outstanding() int64 { return p.outstanding.Load() }

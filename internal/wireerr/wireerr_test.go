@@ -1,0 +1,52 @@
+package wireerr
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+)
+
+var errSample = New(shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT, "test: sample refusal")
+
+func TestToShardErrorSanitizes(t *testing.T) {
+	cause := errors.New("/secret/path/model.gguf: permission denied")
+	tests := []struct {
+		name       string
+		err        error
+		wantCode   shardv1.ErrorCode
+		wantDetail string
+	}{
+		{"sentinel", errSample, shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT, "test: sample refusal"},
+		{"formatted", Errorf(errSample, "offset %d", 42), shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT, "test: sample refusal: offset 42"},
+		{"wrapped cause hidden", Wrap(errSample, cause), shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT, "test: sample refusal: see worker log"},
+		{"fmt wrapped", fmt.Errorf("stage: %w", errSample), shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT, "test: sample refusal"},
+		{"raw error", cause, shardv1.ErrorCode_ERROR_CODE_INTERNAL, "internal error"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := ToShardError(tt.err)
+			if got.Code != tt.wantCode || got.Detail != tt.wantDetail {
+				t.Fatalf("got (%v, %q), want (%v, %q)", got.Code, got.Detail, tt.wantCode, tt.wantDetail)
+			}
+			if !errors.Is(tt.err, errSample) && tt.wantCode != shardv1.ErrorCode_ERROR_CODE_INTERNAL {
+				t.Fatalf("errors.Is lost the sentinel")
+			}
+		})
+	}
+	if ToShardError(nil) != nil {
+		t.Fatal("nil error must map to nil")
+	}
+}
+
+func TestWrapKeepsCauseForLogs(t *testing.T) {
+	cause := errors.New("zstd: bad magic")
+	err := Wrap(errSample, cause)
+	if !errors.Is(err, cause) || !errors.Is(err, errSample) {
+		t.Fatal("both sentinel and cause must be reachable")
+	}
+	if CodeOf(err) != shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT {
+		t.Fatal("wrong code")
+	}
+}

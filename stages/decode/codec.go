@@ -1,0 +1,135 @@
+// Package decode is the first receive stage: a gRPC CodecV2 that decodes
+// ShardRuntime frames with vtprotobuf's unsafe unmarshal, so fragment
+// payloads and strings alias the received buffer instead of being copied.
+//
+// The codec is installed on the ShardRuntime server only, with
+// grpc.ForceServerCodecV2; it is never registered globally. Since a forced
+// codec serves every service on that server (health, reflection), messages
+// other than the project's own fall back to the protobuf runtime.
+//
+// Zero copy, and where a copy still happens: gRPC hands the codec a message as
+// a mem.BufferSlice of the HTTP/2 data frames it arrived in. A message that
+// arrived in one frame is aliased: the codec takes a reference on that buffer
+// and keeps it until Inbound.Release. A message spanning several frames (any
+// message larger than the peer's HTTP/2 max frame size, 16 KiB by default) is
+// materialized once into one pooled buffer, which is then aliased the same
+// way. That single copy is the only one between the socket and the backend's
+// batch for an uncompressed tensor.
+package decode
+
+import (
+	"fmt"
+
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+)
+
+// Inbound is one received SessionRequest whose bytes may alias the receive
+// buffer. The owner (the stream's receive goroutine, then whichever stage it
+// hands the message to) calls Release exactly once when no stage needs Msg's
+// bytes any more. Msg is read-only: its byte slices and strings alias memory
+// that returns to the pool on Release; strings that outlive it are cloned.
+type Inbound struct {
+	Msg *shardv1.SessionRequest
+
+	buf          mem.Buffer // reference held until Release
+	materialized bool
+}
+
+// Release returns the message to its pool and drops the reference on the
+// receive buffer. Release on a released or empty Inbound is a no-op.
+func (in *Inbound) Release() {
+	if in.Msg != nil {
+		in.Msg.ReturnToVTPool()
+		in.Msg = nil
+	}
+	if in.buf != nil {
+		in.buf.Free()
+		in.buf = nil
+	}
+}
+
+// Materialized reports whether the message had to be copied into one buffer
+// because it arrived in several frames (for tests and metrics).
+func (in *Inbound) Materialized() bool { return in.materialized }
+
+type vtMessage interface {
+	SizeVT() int
+	MarshalToSizedBufferVT([]byte) (int, error)
+	UnmarshalVT([]byte) error
+}
+
+// Codec is the ShardRuntime server codec. Pool supplies marshal buffers and
+// the buffer for materializing multi-frame messages.
+type Codec struct {
+	Pool mem.BufferPool
+}
+
+var _ encoding.CodecV2 = Codec{}
+
+// Name is "proto", so peers using the standard codec interoperate.
+func (Codec) Name() string { return "proto" }
+
+// Marshal encodes v into one pooled buffer (vtprotobuf messages) or through
+// the protobuf runtime.
+func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
+	switch m := v.(type) {
+	case vtMessage:
+		size := m.SizeVT()
+		buf := c.Pool.Get(size)
+		if _, err := m.MarshalToSizedBufferVT((*buf)[:size]); err != nil {
+			c.Pool.Put(buf)
+			return nil, fmt.Errorf("decode: marshal %T: %w", v, err)
+		}
+		return mem.BufferSlice{mem.NewBuffer(buf, c.Pool)}, nil
+	case proto.Message:
+		b, err := proto.Marshal(m)
+		if err != nil {
+			return nil, err
+		}
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	return nil, fmt.Errorf("decode: cannot marshal %T", v)
+}
+
+// Unmarshal decodes data into v. For *Inbound it aliases data (see the
+// package comment); other vtprotobuf messages are decoded with copies, and
+// anything else through the protobuf runtime.
+func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	switch m := v.(type) {
+	case *Inbound:
+		return c.unmarshalInbound(data, m)
+	case vtMessage:
+		buf := data.MaterializeToBuffer(c.Pool)
+		defer buf.Free()
+		return m.UnmarshalVT(buf.ReadOnlyData())
+	case proto.Message:
+		buf := data.MaterializeToBuffer(c.Pool)
+		defer buf.Free()
+		return proto.Unmarshal(buf.ReadOnlyData(), m)
+	}
+	return fmt.Errorf("decode: cannot unmarshal into %T", v)
+}
+
+func (c Codec) unmarshalInbound(data mem.BufferSlice, in *Inbound) error {
+	in.Release()
+	var buf mem.Buffer
+	in.materialized = len(data) > 1
+	if len(data) == 1 {
+		buf = data[0]
+		buf.Ref()
+	} else {
+		buf = data.MaterializeToBuffer(c.Pool) // holds its own reference
+	}
+	msg := shardv1.SessionRequestFromVTPool()
+	if err := msg.UnmarshalVTUnsafe(buf.ReadOnlyData()); err != nil {
+		msg.ReturnToVTPool()
+		buf.Free()
+		return err
+	}
+	in.Msg, in.buf = msg, buf
+	return nil
+}
