@@ -27,7 +27,7 @@ func (m *Checksum) CloneVT() *Checksum {
 	if m == nil {
 		return (*Checksum)(nil)
 	}
-	r := new(Checksum)
+	r := ChecksumFromVTPool()
 	r.Algorithm = m.Algorithm
 	if rhs := m.Value; rhs != nil {
 		tmpBytes := make([]byte, len(rhs))
@@ -4249,6 +4249,29 @@ func (m *CancelResponse) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 	return len(dAtA) - i, nil
 }
 
+var vtprotoPool_Checksum = sync.Pool{
+	New: func() interface{} {
+		return &Checksum{}
+	},
+}
+
+func (m *Checksum) ResetVT() {
+	if m != nil {
+		f0 := m.Value[:0]
+		m.Reset()
+		m.Value = f0
+	}
+}
+func (m *Checksum) ReturnToVTPool() {
+	if m != nil {
+		m.ResetVT()
+		vtprotoPool_Checksum.Put(m)
+	}
+}
+func ChecksumFromVTPool() *Checksum {
+	return vtprotoPool_Checksum.Get().(*Checksum)
+}
+
 var vtprotoPool_TensorFragment = sync.Pool{
 	New: func() interface{} {
 		return &TensorFragment{}
@@ -4281,6 +4304,7 @@ var vtprotoPool_NamedTensor = sync.Pool{
 func (m *NamedTensor) ResetVT() {
 	if m != nil {
 		f0 := m.Shape[:0]
+		m.Checksum.ReturnToVTPool()
 		for _, mm := range m.Fragments {
 			mm.ResetVT()
 		}
@@ -5859,7 +5883,7 @@ func (m *NamedTensor) UnmarshalVT(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Checksum == nil {
-				m.Checksum = &Checksum{}
+				m.Checksum = ChecksumFromVTPool()
 			}
 			if err := m.Checksum.UnmarshalVT(dAtA[iNdEx:postIndex]); err != nil {
 				return err
@@ -11353,7 +11377,7 @@ func (m *NamedTensor) UnmarshalVTUnsafe(dAtA []byte) error {
 				return io.ErrUnexpectedEOF
 			}
 			if m.Checksum == nil {
-				m.Checksum = &Checksum{}
+				m.Checksum = ChecksumFromVTPool()
 			}
 			if err := m.Checksum.UnmarshalVTUnsafe(dAtA[iNdEx:postIndex]); err != nil {
 				return err

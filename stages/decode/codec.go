@@ -32,24 +32,42 @@ import (
 // hands the message to) calls Release exactly once when no stage needs Msg's
 // bytes any more. Msg is read-only: its byte slices and strings alias memory
 // that returns to the pool on Release; strings that outlive it are cloned.
+//
+// An Inbound is reusable: Release keeps the SessionRequest and its oneof
+// wrapper and resets only what they hold, so a stream that receives decode
+// steps back to back decodes each one without allocating.
 type Inbound struct {
 	Msg *shardv1.SessionRequest
 
-	buf          mem.Buffer // reference held until Release
+	buf          mem.Buffer // reference held until Release; nil when released
 	materialized bool
+	// spare is the decode oneof wrapper kept from the last decode step, handed
+	// back to the generated unmarshal (which reuses a wrapper of the right
+	// kind) only when the next frame starts with the decode field.
+	spare *shardv1.SessionRequest_Decode
 }
 
-// Release returns the message to its pool and drops the reference on the
-// receive buffer. Release on a released or empty Inbound is a no-op.
+// decodeTag is the key of SessionRequest.decode (field 3, length-delimited).
+const decodeTag = 3<<3 | 2
+
+// Live reports whether the Inbound holds a received message.
+func (in *Inbound) Live() bool { return in.buf != nil }
+
+// Release resets the message (returning its nested messages to their pools)
+// and drops the reference on the receive buffer. Release on a released or
+// empty Inbound is a no-op.
 func (in *Inbound) Release() {
-	if in.Msg != nil {
-		in.Msg.ReturnToVTPool()
-		in.Msg = nil
+	if in.buf == nil {
+		return
 	}
-	if in.buf != nil {
-		in.buf.Free()
-		in.buf = nil
+	if k, ok := in.Msg.Kind.(*shardv1.SessionRequest_Decode); ok {
+		k.Decode.ResetVT()
+		in.spare = k
+		in.Msg.Kind = nil
 	}
+	in.Msg.ResetVT()
+	in.buf.Free()
+	in.buf = nil
 }
 
 // Materialized reports whether the message had to be copied into one buffer
@@ -124,12 +142,17 @@ func (c Codec) unmarshalInbound(data mem.BufferSlice, in *Inbound) error {
 	} else {
 		buf = data.MaterializeToBuffer(c.Pool) // holds its own reference
 	}
-	msg := shardv1.SessionRequestFromVTPool()
-	if err := msg.UnmarshalVTUnsafe(buf.ReadOnlyData()); err != nil {
-		msg.ReturnToVTPool()
+	if in.Msg == nil {
+		in.Msg = &shardv1.SessionRequest{}
+	}
+	if b := buf.ReadOnlyData(); len(b) > 0 && b[0] == decodeTag && in.spare != nil {
+		in.Msg.Kind, in.spare = in.spare, nil
+	}
+	if err := in.Msg.UnmarshalVTUnsafe(buf.ReadOnlyData()); err != nil {
+		in.Msg.ResetVT()
 		buf.Free()
 		return err
 	}
-	in.Msg, in.buf = msg, buf
+	in.buf = buf
 	return nil
 }

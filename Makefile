@@ -1,0 +1,102 @@
+# shardd build. `make demo` and `make test` are the two commands a newcomer
+# runs; both install what they need first (see `deps`).
+
+SHELL := /bin/bash
+GO    ?= go
+MODULE := github.com/meshnet/shardd
+
+# llama.cpp through github.com/ollama/ollama/llama (see backend/llamacpp):
+# the module zip lacks miniaudio.h, so our stand-in comes first on the path.
+# -march=native by default; override for portable builds, e.g.
+#   make build MARCH=x86-64-v3
+MARCH ?= native
+export CGO_CPPFLAGS := -I$(CURDIR)/backend/llamacpp/include
+export CGO_CFLAGS   := -O3 -march=$(MARCH)
+export CGO_CXXFLAGS := -O3 -march=$(MARCH)
+
+BIN      := $(CURDIR)/.bin
+GOBIN_TOOLS := $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-go-vtproto
+FUZZTIME ?= 10s
+BENCHCOUNT ?= 6
+
+APT_PKGS := protobuf-compiler nlohmann-json3-dev libstb-dev
+
+.PHONY: all deps tools generate check-generate build test vet unit fuzz bench demo clean
+
+all: build
+
+## deps: install the Debian packages that are missing (apt-get), nothing else.
+deps:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "deps: installing$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+## tools: the protoc plugins, at the versions pinned in go.mod's tool block.
+tools: $(GOBIN_TOOLS)
+$(GOBIN_TOOLS): go.mod go.sum
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN) $(GO) install tool
+
+# Messages drawn from vtprotobuf pools on the hot path.
+VT_POOL := SessionRequest SessionResponse ActivationChunk DecodeStep Envelope TensorBundle NamedTensor TensorFragment Checksum
+GEN_M   := Mshard_runtime.proto=$(MODULE)/gen/shardv1;shardv1
+
+define protoc_gen
+	PATH=$(BIN):$$PATH protoc -I proto \
+	  --go_out=$(1) --go_opt=module=$(MODULE) --go_opt='$(GEN_M)' \
+	  --go-grpc_out=$(1) --go-grpc_opt=module=$(MODULE) --go-grpc_opt='$(GEN_M)' \
+	  --go-vtproto_out=$(1) --go-vtproto_opt=module=$(MODULE) --go-vtproto_opt='$(GEN_M)' \
+	  --go-vtproto_opt=features=marshal+unmarshal+unmarshal_unsafe+size+pool+equal+clone \
+	  $(foreach m,$(VT_POOL),--go-vtproto_opt=pool=$(MODULE)/gen/shardv1.$(m)) \
+	  proto/shard_runtime.proto
+endef
+
+## generate: regenerate gen/ from proto/ with the pinned plugins.
+generate: deps tools
+	rm -rf gen/shardv1
+	$(call protoc_gen,.)
+
+## check-generate: fail when gen/ differs from what `make generate` writes,
+## or when proto/ differs from the shared contract (when it is beside us).
+check-generate: deps tools
+	@tmp=$$(mktemp -d); mkdir -p $$tmp/gen; \
+	$(call protoc_gen,$$tmp) || exit 1; \
+	if ! diff -r $$tmp/gen gen >/dev/null; then \
+	  echo "gen/ has drifted from proto/: run make generate"; diff -r $$tmp/gen gen | head -20; rm -rf $$tmp; exit 1; fi; \
+	rm -rf $$tmp; echo "gen/ is up to date"
+	@if [ -f ../shared/contract/shard_runtime.proto ] && ! cmp -s ../shared/contract/shard_runtime.proto proto/shard_runtime.proto; then \
+	  echo "proto/shard_runtime.proto differs from ../shared/contract"; exit 1; fi
+
+## build: the shardd binary in .bin/ (builds llama.cpp once; the Go build
+## cache keeps it afterwards).
+build: deps
+	@echo "build: compiling shardd (the first build compiles llama.cpp: a few minutes on 2 cores)"
+	$(GO) build -o $(BIN)/shardd ./cmd/shardd
+
+vet: deps
+	$(GO) vet ./...
+
+## unit: every test with the race detector and the bufpool invariants on.
+unit: deps
+	$(GO) test -race -tags invariants -timeout 30m ./...
+
+## fuzz: each fuzz target for FUZZTIME (10s in CI; try FUZZTIME=5m locally).
+FUZZ_TARGETS := ./stages/receive:FuzzReceive
+fuzz: deps
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
+	  echo "fuzz: $$fn ($(FUZZTIME))"; \
+	  $(GO) test -tags invariants -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
+
+## test: what CI runs.
+test: check-generate vet unit fuzz
+
+## bench: every benchmark, BENCHCOUNT runs each; PERF.md quotes medians.
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) ./... | tee $(CURDIR)/bench.out
+	@echo "raw results in bench.out (benchstat bench.out for medians)"
+
+clean:
+	rm -rf $(BIN) bench.out
