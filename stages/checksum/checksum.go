@@ -33,7 +33,7 @@ type Policy struct {
 func CRC32C(segs [][]byte) uint32 {
 	var c uint32
 	for _, s := range segs {
-		c = crc32.Update(c, table, s)
+		c = update(c, s)
 	}
 	return c
 }
@@ -68,5 +68,5 @@ func Verify(sum *shardv1.Checksum, segs [][]byte, p Policy) error {
 // Fill sets sum to the CRC32C of body, reusing sum.Value's storage.
 func Fill(sum *shardv1.Checksum, body []byte) {
 	sum.Algorithm = shardv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C
-	sum.Value = binary.BigEndian.AppendUint32(sum.Value[:0], crc32.Checksum(body, table))
+	sum.Value = binary.BigEndian.AppendUint32(sum.Value[:0], update(0, body))
 }
