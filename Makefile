@@ -10,7 +10,8 @@ MODULE := github.com/meshnet/shardd
 # -march=native by default; override for portable builds, e.g.
 #   make build MARCH=x86-64-v3
 MARCH ?= native
-export CGO_CPPFLAGS := -I$(CURDIR)/backend/llamacpp/include
+LLAMA_MOD = $(shell $(GO) list -m -f "{{.Dir}}" github.com/ollama/ollama 2>/dev/null)
+export CGO_CPPFLAGS = -I$(CURDIR)/backend/llamacpp/include -I$(LLAMA_MOD)/llama/llama.cpp/include -I$(LLAMA_MOD)/ml/backend/ggml/ggml/include
 export CGO_CFLAGS   := -O3 -march=$(MARCH)
 export CGO_CXXFLAGS := -O3 -march=$(MARCH)
 

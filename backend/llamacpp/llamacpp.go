@@ -1,0 +1,254 @@
+// Package llamacpp runs a shard's layer range on llama.cpp, built from
+// github.com/ollama/ollama/llama (pinned at v0.17.4 in go.mod).
+//
+// The ollama Go wrapper cannot set kv_unified or an eval callback, so this
+// package creates the model and context through the C API itself (shim.c);
+// the symbols come from the objects the imported ollama package compiles.
+// Build flags: the Makefile points CGO_CPPFLAGS at llama.cpp's and ggml's
+// include folders in the module cache and at the project's stand-in for
+// miniaudio.h; build with `make build` or export those flags (README).
+//
+// How a layer range runs (see ../../shared/NOTES-llama.md):
+//   - Input: the first shard takes token ids; the others take hidden states
+//     as batch embeddings, which enter layer 0 of the shard unscaled.
+//   - Output: the last shard returns logits. Every other shard captures the
+//     residual stream "l_out-<n_layer-1>" with an eval callback, before the
+//     tail norm (RMSNorm is not invertible), and stops the graph there. Every
+//     row is flagged as an output so the last layer keeps all rows.
+//   - Sessions are llama sequences in one context with a unified KV buffer,
+//     so one decode call can carry rows of many sessions in batch order.
+package llamacpp
+
+/*
+#cgo CFLAGS: -std=c11
+#include <stdlib.h>
+#include <string.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"unsafe"
+
+	_ "github.com/ollama/ollama/llama" // compiles and links llama.cpp and ggml
+
+	"github.com/meshnet/shardd/backend"
+	"github.com/meshnet/shardd/gguf"
+)
+
+// Version names the llama.cpp build for the runtime recipe digest.
+const Version = "llama.cpp/ollama-v0.17.4"
+
+// Config sizes the context.
+type Config struct {
+	// Path is the shard (or whole model) GGUF.
+	Path string
+	// Threads for the forward pass; 0 means runtime.NumCPU().
+	Threads int
+	// MaxSeqs is the number of sessions that may hold state at once (<= 256).
+	MaxSeqs int
+	// CtxTokens is the KV capacity in tokens shared by all sessions; 0 means
+	// the model's context length.
+	CtxTokens int
+	// MaxBatch is the most rows one forward call takes; 0 means 512.
+	MaxBatch int
+	// Verbose passes llama.cpp's info logs through.
+	Verbose bool
+}
+
+var initOnce sync.Once
+
+// Backend is a loaded shard. It is not safe for concurrent use.
+type Backend struct {
+	info  backend.Info
+	meta  gguf.Meta
+	model *C.struct_llama_model
+	ctx   *C.struct_llama_context
+	cap   *C.shardd_capture // nil on logit-producing shards
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// Open loads the GGUF at cfg.Path and creates its context.
+func Open(cfg Config) (*Backend, error) {
+	meta, err := gguf.Read(cfg.Path)
+	if err != nil {
+		return nil, err
+	}
+	return OpenMeta(cfg, meta)
+}
+
+// OpenMeta is Open for a file whose metadata the caller already read.
+func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
+	initOnce.Do(func() {
+		v := 0
+		if cfg.Verbose {
+			v = 1
+		}
+		C.shardd_backend_init(C.int(v))
+	})
+	if cfg.Threads <= 0 {
+		cfg.Threads = runtime.NumCPU()
+	}
+	if cfg.MaxSeqs <= 0 {
+		cfg.MaxSeqs = 16
+	}
+	if cfg.MaxSeqs > 256 {
+		return nil, fmt.Errorf("llamacpp: at most 256 sequences (LLAMA_MAX_SEQ), not %d", cfg.MaxSeqs)
+	}
+	if cfg.CtxTokens <= 0 {
+		cfg.CtxTokens = meta.ContextLen
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 512
+	}
+
+	cpath := C.CString(cfg.Path)
+	defer C.free(unsafe.Pointer(cpath))
+	b := &Backend{meta: meta}
+	b.model = C.shardd_load_model(cpath)
+	if b.model == nil {
+		return nil, fmt.Errorf("llamacpp: llama.cpp could not load %s (see log)", shortName(cfg.Path))
+	}
+	b.info = backend.Info{
+		TokensIn:  meta.First(),
+		LogitsOut: meta.Last(),
+		Hidden:    int(C.llama_model_n_embd(b.model)),
+		Vocab:     int(C.llama_vocab_n_tokens(C.llama_model_get_vocab(b.model))),
+		Layers:    int(C.llama_model_n_layer(b.model)),
+		MaxSeqs:   cfg.MaxSeqs,
+		CtxTokens: cfg.CtxTokens,
+		MaxBatch:  cfg.MaxBatch,
+		Threads:   cfg.Threads,
+		Name:      Version + " cpu",
+		Device:    cpuName(),
+	}
+	if b.info.Layers != meta.BlockCount {
+		b.Close()
+		return nil, fmt.Errorf("llamacpp: loaded %d layers, file declares %d", b.info.Layers, meta.BlockCount)
+	}
+	if !b.info.LogitsOut {
+		b.cap = (*C.shardd_capture)(C.calloc(1, C.size_t(unsafe.Sizeof(C.shardd_capture{}))))
+		name := fmt.Sprintf("l_out-%d", b.info.Layers-1)
+		cname := C.CString(name)
+		C.strncpy(&b.cap.name[0], cname, C.size_t(len(b.cap.name)-1))
+		C.free(unsafe.Pointer(cname))
+		n := cfg.MaxBatch * b.info.Hidden
+		b.cap.dst = (*C.float)(C.malloc(C.size_t(n * 4)))
+		b.cap.cap_floats = C.int64_t(n)
+	}
+	ubatch := min(cfg.MaxBatch, 512)
+	b.ctx = C.shardd_new_context(b.model, C.uint32_t(cfg.CtxTokens), C.uint32_t(cfg.MaxBatch),
+		C.uint32_t(ubatch), C.uint32_t(cfg.MaxSeqs), C.int32_t(cfg.Threads), b.cap)
+	if b.ctx == nil {
+		b.Close()
+		return nil, errors.New("llamacpp: could not create a context (see log)")
+	}
+	return b, nil
+}
+
+// Info describes the loaded shard.
+func (b *Backend) Info() backend.Info { return b.info }
+
+// Meta is the GGUF metadata the shard was opened with.
+func (b *Backend) Meta() gguf.Meta { return b.meta }
+
+// Close frees the context and model. Close is idempotent.
+func (b *Backend) Close() error {
+	if b.ctx != nil {
+		C.llama_free(b.ctx)
+		b.ctx = nil
+	}
+	if b.model != nil {
+		C.llama_model_free(b.model)
+		b.model = nil
+	}
+	if b.cap != nil {
+		C.free(unsafe.Pointer(b.cap.dst))
+		C.free(unsafe.Pointer(b.cap))
+		b.cap = nil
+	}
+	return nil
+}
+
+// SeqTrim removes positions >= from of seq; from 0 frees it.
+func (b *Backend) SeqTrim(seq, from int) error {
+	if seq < 0 || seq >= b.info.MaxSeqs {
+		return fmt.Errorf("%w: sequence %d", backend.ErrInput, seq)
+	}
+	if !C.shardd_seq_rm(b.ctx, C.int32_t(seq), C.int32_t(from)) {
+		return fmt.Errorf("%w: could not trim sequence %d", backend.ErrForward, seq)
+	}
+	return nil
+}
+
+// Forward runs b over the batch and fills out.
+func (b *Backend) Forward(bb backend.Batch, out *backend.Output) error {
+	bt, ok := bb.(*batch)
+	if !ok || bt.owner != b {
+		return fmt.Errorf("%w: batch from another backend", backend.ErrInput)
+	}
+	out.Hidden, out.Logits = nil, out.Logits[:0]
+	if bt.n == 0 {
+		return nil
+	}
+	bt.c.n_tokens = C.int32_t(bt.n)
+	if b.cap != nil {
+		b.cap.n_floats, b.cap.bad = 0, 0
+	}
+	switch rc := C.llama_decode(b.ctx, bt.c); {
+	case rc == 1:
+		return backend.ErrKVFull
+	case rc == -1:
+		return fmt.Errorf("%w (llama_decode rejected the batch)", backend.ErrPosition)
+	case rc != 0:
+		return fmt.Errorf("%w: llama_decode returned %d", backend.ErrForward, int(rc))
+	}
+	if b.cap != nil {
+		want := bt.n * b.info.Hidden
+		if b.cap.bad != 0 || int(b.cap.n_floats) != want {
+			return fmt.Errorf("%w: captured %d of %d values (code %d)", backend.ErrForward, int64(b.cap.n_floats), want, int(b.cap.bad))
+		}
+		out.Hidden = unsafe.Slice((*float32)(unsafe.Pointer(b.cap.dst)), want)
+		return nil
+	}
+	vocab := b.info.Vocab
+	for i, flag := range bt.logits[:bt.n] {
+		if flag == 0 {
+			continue
+		}
+		p := C.llama_get_logits_ith(b.ctx, C.int32_t(i))
+		if p == nil {
+			return fmt.Errorf("%w: no logits for row %d", backend.ErrForward, i)
+		}
+		out.Logits = append(out.Logits, unsafe.Slice((*float32)(unsafe.Pointer(p)), vocab)...)
+	}
+	return nil
+}
+
+func shortName(path string) string {
+	if i := strings.LastIndexByte(path, '/'); i >= 0 {
+		return path[i+1:]
+	}
+	return path
+}
+
+// cpuName reports the CPU model for the capability report, e.g.
+// "cpu:AMD EPYC".
+func cpuName() string {
+	data, err := os.ReadFile("/proc/cpuinfo")
+	if err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				return "cpu:" + strings.TrimSpace(v)
+			}
+		}
+	}
+	return "cpu:" + runtime.GOARCH
+}

@@ -1,0 +1,86 @@
+#include <stdio.h>
+#include <string.h>
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "shim.h"
+
+static int shardd_verbose = 0;
+
+// Quiet logger: llama.cpp logs every tensor at load; keep warnings and
+// errors unless verbose.
+static void shardd_log(enum ggml_log_level level, const char *text, void *ud) {
+    (void)ud;
+    if (shardd_verbose || level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR) {
+        fputs(text, stderr);
+    }
+}
+
+static bool shardd_quiet_progress(float progress, void *ud) {
+    (void)progress; (void)ud;
+    return true;
+}
+
+void shardd_backend_init(int verbose) {
+    shardd_verbose = verbose;
+    llama_log_set(shardd_log, NULL);
+    llama_backend_init();
+}
+
+struct llama_model *shardd_load_model(const char *path) {
+    struct llama_model_params p = llama_model_default_params();
+    p.n_gpu_layers = 0;
+    p.use_mmap = true;
+    p.progress_callback = shardd_quiet_progress;
+    return llama_model_load_from_file(path, p);
+}
+
+struct llama_context *shardd_new_context(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
+                                         uint32_t n_ubatch, uint32_t n_seq_max, int32_t threads,
+                                         shardd_capture *cap) {
+    struct llama_context_params p = llama_context_default_params();
+    p.n_ctx = n_ctx;
+    p.n_batch = n_batch;
+    p.n_ubatch = n_ubatch;
+    p.n_seq_max = n_seq_max;
+    p.n_threads = threads;
+    p.n_threads_batch = threads;
+    p.embeddings = false;
+    // Mixed-session batches keep batch order only with a unified KV buffer.
+    p.kv_unified = true;
+    p.no_perf = true;
+    if (cap != NULL && cap->name[0] != 0) {
+        p.cb_eval = shardd_cb_eval;
+        p.cb_eval_user_data = cap;
+    }
+    return llama_init_from_model(model, p);
+}
+
+// Asked once per graph node (ask=true: do we want it?) and called again after
+// a wanted node is computed (ask=false). Copies the wanted node's rows out and
+// returns false, which ends the graph there: the tail norm and output head of
+// an intermediate shard are never computed.
+bool shardd_cb_eval(struct ggml_tensor *t, bool ask, void *user_data) {
+    shardd_capture *c = (shardd_capture *)user_data;
+    if (ask) {
+        return strcmp(t->name, c->name) == 0;
+    }
+    if (strcmp(t->name, c->name) != 0) {
+        return true;
+    }
+    if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) {
+        c->bad = 1;
+        return false;
+    }
+    int64_t n = ggml_nelements(t);
+    if (c->n_floats + n > c->cap_floats) {
+        c->bad = 2;
+        return false;
+    }
+    ggml_backend_tensor_get(t, c->dst + c->n_floats, 0, (size_t)n * sizeof(float));
+    c->n_floats += n;
+    return false;
+}
+
+bool shardd_seq_rm(struct llama_context *ctx, int32_t seq, int32_t p0) {
+    return llama_memory_seq_rm(llama_get_memory(ctx), seq, p0, -1);
+}

@@ -1,0 +1,29 @@
+// C helpers for backend/llamacpp: context creation with the parameters the
+// ollama Go wrapper does not expose (kv_unified, cb_eval), and the eval
+// callback that captures the residual stream before the tail norm.
+#ifndef SHARDD_SHIM_H
+#define SHARDD_SHIM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "llama.h"
+
+// Capture target for shardd_cb_eval. Owned by Go (allocated with C.malloc),
+// read after llama_decode returns.
+typedef struct shardd_capture {
+    char    name[64];    // graph node to capture, "l_out-<n_layer-1>"; empty: none
+    float  *dst;         // cap_floats floats
+    int64_t cap_floats;
+    int64_t n_floats;    // written so far in this decode
+    int32_t bad;         // 1: node not f32/contiguous, 2: overflow
+} shardd_capture;
+
+void shardd_backend_init(int verbose);
+struct llama_model *shardd_load_model(const char *path);
+struct llama_context *shardd_new_context(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
+                                         uint32_t n_ubatch, uint32_t n_seq_max, int32_t threads,
+                                         shardd_capture *cap);
+bool shardd_cb_eval(struct ggml_tensor *t, bool ask, void *user_data);
+bool shardd_seq_rm(struct llama_context *ctx, int32_t seq, int32_t p0);
+
+#endif

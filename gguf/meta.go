@@ -1,0 +1,144 @@
+package gguf
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/ollama/ollama/fs/ggml"
+)
+
+// Errors a caller can classify.
+var (
+	ErrUnsupportedArch = errors.New("gguf: unsupported architecture")
+	ErrBadFile         = errors.New("gguf: not a readable GGUF file")
+	ErrBadMetadata     = errors.New("gguf: shard metadata is inconsistent")
+)
+
+// SupportedArchs are the architectures Split and the backend handle: those
+// whose llama.cpp graph tags the residual "l_out-<i>" and takes injected input
+// states unscaled (gemma, for one, scales its input by sqrt(n_embd)). Most
+// llama-family checkpoints (Llama, Mistral 7B, TinyLlama, ...) use "llama".
+var SupportedArchs = map[string]bool{"llama": true}
+
+// Meta describes a model or shard file.
+type Meta struct {
+	Path         string
+	Arch         string
+	BlockCount   int // blocks in this file
+	EmbeddingLen int
+	FFNLen       int
+	HeadCount    int
+	HeadCountKV  int
+	VocabSize    int
+	ContextLen   int
+	FileType     string
+	Tensors      int
+
+	// The range this file holds within its source model, [Start, End) of
+	// Total layers. A file without shardd metadata is a whole model:
+	// Start 0, End = Total = BlockCount.
+	Start, End, Total int
+	// SourceDigest is the SHA-256 of the whole model the shard was cut from
+	// (for a whole model, of the file itself): the model_artifact_digest.
+	SourceDigest string
+	IsShard      bool
+}
+
+// First reports whether the file takes token ids (it starts at layer 0).
+func (m Meta) First() bool { return m.Start == 0 }
+
+// Last reports whether the file produces logits (it ends at the last layer).
+func (m Meta) Last() bool { return m.End == m.Total }
+
+// Read decodes path's header and checks that it is a supported model or a
+// consistent shard. It hashes a whole (unsplit) model file to find its
+// digest; a shard carries its source digest.
+func Read(path string) (Meta, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Meta{}, fmt.Errorf("%w: %v", ErrBadFile, err)
+	}
+	defer f.Close()
+	g, err := ggml.Decode(f, 0)
+	if err != nil {
+		return Meta{}, fmt.Errorf("%w: %v", ErrBadFile, err)
+	}
+	kv := g.KV()
+	m := Meta{
+		Path:         path,
+		Arch:         kv.Architecture(),
+		BlockCount:   int(kv.BlockCount()),
+		EmbeddingLen: int(kv.EmbeddingLength()),
+		HeadCount:    int(kv.HeadCountMax()),
+		HeadCountKV:  int(kv.HeadCountKVMax()),
+		ContextLen:   int(kv.ContextLength()),
+		FileType:     kv.FileType().String(),
+		Tensors:      len(g.Tensors().Items()),
+	}
+	if ff := kv.FFNLength(); len(ff) > 0 {
+		m.FFNLen = int(ff[0])
+	}
+	m.VocabSize = int(kv.Uint("vocab_size"))
+	if m.VocabSize == 0 {
+		m.VocabSize = len(kv.Strings("tokenizer.ggml.tokens"))
+	}
+	if !SupportedArchs[m.Arch] {
+		return m, fmt.Errorf("%w %q (supported: llama)", ErrUnsupportedArch, m.Arch)
+	}
+	if err := checkSize(f, g); err != nil {
+		return m, err
+	}
+
+	if digest := kv.String(KeySourceDigest); digest != "" {
+		m.IsShard = true
+		m.SourceDigest = digest
+		m.Start = int(kv.Uint(KeyStartLayer))
+		m.End = int(kv.Uint(KeyEndLayer))
+		m.Total = int(kv.Uint(KeyTotalLayers))
+		if m.End <= m.Start || m.End > m.Total || m.End-m.Start != m.BlockCount || len(digest) != 64 {
+			return m, fmt.Errorf("%w: range %d:%d of %d with %d blocks", ErrBadMetadata, m.Start, m.End, m.Total, m.BlockCount)
+		}
+		return m, nil
+	}
+	m.Start, m.End, m.Total = 0, m.BlockCount, m.BlockCount
+	if m.SourceDigest, err = FileDigest(path); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+// checkSize refuses a file shorter than its tensor table says (a truncated
+// download or copy), which llama.cpp would otherwise fault on when mapped.
+func checkSize(f *os.File, g *ggml.GGML) error {
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadFile, err)
+	}
+	ts := g.Tensors()
+	var end uint64
+	for _, t := range ts.Items() {
+		end = max(end, ts.Offset+t.Offset+t.Size())
+	}
+	if uint64(st.Size()) < end {
+		return fmt.Errorf("%w: truncated (%d of %d bytes)", ErrBadFile, st.Size(), end)
+	}
+	return nil
+}
+
+// FileDigest returns the hex SHA-256 of a file.
+func FileDigest(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
