@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/ollama/ollama/fs/ggml"
@@ -105,10 +106,22 @@ func Split(src string, ranges []Range, outDir string, progress Progress) ([]stri
 			return nil, err
 		}
 		for _, t := range plans[i] {
-			total += int64(t.Size())
+			if _, ok := t.WriterTo.(*sectionWriter); ok {
+				total += int64(t.Size())
+			}
 		}
 	}
 	var done atomic.Int64
+	if progress != nil {
+		// WriteGGUF writes tensors concurrently; report from one at a time.
+		var mu sync.Mutex
+		inner := progress
+		progress = func(d, t int64) {
+			mu.Lock()
+			defer mu.Unlock()
+			inner(d, t)
+		}
+	}
 	paths := make([]string, len(ranges))
 	for i, r := range ranges {
 		for _, t := range plans[i] {

@@ -6,11 +6,13 @@
 
 static int shardd_verbose = 0;
 
-// Quiet logger: llama.cpp logs every tensor at load; keep warnings and
-// errors unless verbose.
+// Quiet logger: llama.cpp logs every tensor at load and warns about
+// conditions that are normal for a shard (a middle shard's placeholder
+// vocabulary, a context smaller than the training length). Keep errors
+// unless verbose.
 static void shardd_log(enum ggml_log_level level, const char *text, void *ud) {
     (void)ud;
-    if (shardd_verbose || level == GGML_LOG_LEVEL_WARN || level == GGML_LOG_LEVEL_ERROR) {
+    if (shardd_verbose || level == GGML_LOG_LEVEL_ERROR) {
         fputs(text, stderr);
     }
 }

@@ -1,0 +1,184 @@
+package gguf
+
+import (
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/ollama/ollama/fs/ggml"
+)
+
+func tinyModel(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "tiny.gguf")
+	if err := Generate(p, Presets["tiny"]); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestGenerateIsDeterministic(t *testing.T) {
+	a, b := tinyModel(t), tinyModel(t)
+	da, _ := FileDigest(a)
+	db, _ := FileDigest(b)
+	if da != db {
+		t.Fatal("the same spec wrote different bytes")
+	}
+	s := Presets["tiny"]
+	s.Seed = 2
+	c := filepath.Join(t.TempDir(), "c.gguf")
+	if err := Generate(c, s); err != nil {
+		t.Fatal(err)
+	}
+	if dc, _ := FileDigest(c); dc == da {
+		t.Fatal("another seed wrote the same bytes")
+	}
+}
+
+func TestGenerateQuantized(t *testing.T) {
+	for _, w := range []string{"f16", "q8_0"} {
+		s := Presets["tiny"]
+		s.Weights = w
+		p := filepath.Join(t.TempDir(), w+".gguf")
+		if err := Generate(p, s); err != nil {
+			t.Fatal(err)
+		}
+		m, err := Read(p)
+		if err != nil || m.BlockCount != s.Layers {
+			t.Fatalf("%s: %+v %v", w, m, err)
+		}
+	}
+	if err := (Spec{Layers: 1, Hidden: 100, Heads: 3, KVHeads: 1, FFN: 8, Vocab: 8, Context: 8, Weights: "f32"}).Validate(); err == nil {
+		t.Fatal("hidden not divisible by heads accepted")
+	}
+}
+
+func TestSplitMetadata(t *testing.T) {
+	src := tinyModel(t)
+	whole, err := Read(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	paths, err := Split(src, EvenRanges(6, 3), dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantNames := []string{"tiny.0-2.gguf", "tiny.2-4.gguf", "tiny.4-6.gguf"}
+	for i, p := range paths {
+		if filepath.Base(p) != wantNames[i] {
+			t.Fatalf("path %d = %s, want %s", i, p, wantNames[i])
+		}
+		m, err := Read(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !m.IsShard || m.SourceDigest != whole.SourceDigest || m.Start != 2*i || m.End != 2*i+2 || m.Total != 6 || m.BlockCount != 2 {
+			t.Fatalf("shard %d metadata: %+v", i, m)
+		}
+		if m.First() != (i == 0) || m.Last() != (i == 2) {
+			t.Fatalf("shard %d role wrong", i)
+		}
+		if i == 1 && m.VocabSize != 1 {
+			t.Fatalf("middle shard keeps vocab %d", m.VocabSize)
+		}
+	}
+	if _, err := Split(paths[0], EvenRanges(2, 2), dir, nil); err == nil {
+		t.Fatal("splitting a shard again was accepted")
+	}
+	if _, err := Split(src, []Range{{4, 9}}, dir, nil); err == nil {
+		t.Fatal("a range past the last layer was accepted")
+	}
+}
+
+func TestParseRanges(t *testing.T) {
+	rs, err := ParseRanges("0:6, 6:12")
+	if err != nil || len(rs) != 2 || rs[1] != (Range{6, 12}) {
+		t.Fatalf("%v %v", rs, err)
+	}
+	for _, bad := range []string{"", "0-6", "a:b", "3"} {
+		if _, err := ParseRanges(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// rewrite copies src to dst with edit applied to its metadata.
+func rewrite(t *testing.T, src, dst string, edit func(ggml.KV)) {
+	t.Helper()
+	f, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	g, err := ggml.Decode(f, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := ggml.KV{}
+	for k, v := range g.KV() {
+		if kv[k], err = convertValue(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	edit(kv)
+	ts := g.Tensors()
+	var out []*ggml.Tensor
+	for _, x := range ts.Items() {
+		out = append(out, &ggml.Tensor{Name: x.Name, Kind: x.Kind, Shape: x.Shape,
+			WriterTo: &sectionWriter{r: io.NewSectionReader(f, int64(ts.Offset+x.Offset), int64(x.Size()))}})
+	}
+	if err := writeFile(dst, kv, out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Bad files fail at Read with a classified error, before llama.cpp sees them.
+func TestReadRefusesBadFiles(t *testing.T) {
+	src := tinyModel(t)
+	dir := t.TempDir()
+	shards, err := Split(src, EvenRanges(6, 2), dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	truncated := filepath.Join(dir, "truncated.gguf")
+	data, _ := os.ReadFile(src)
+	os.WriteFile(truncated, data[:len(data)/2], 0o644)
+	headerOnly := filepath.Join(dir, "header.gguf")
+	os.WriteFile(headerOnly, data[:20], 0o644)
+	notGGUF := filepath.Join(dir, "text.gguf")
+	os.WriteFile(notGGUF, []byte("this is not a model"), 0o644)
+
+	gemma := filepath.Join(dir, "gemma.gguf")
+	rewrite(t, src, gemma, func(kv ggml.KV) { kv["general.architecture"] = "gemma" })
+	badRange := filepath.Join(dir, "badrange.gguf")
+	rewrite(t, shards[1], badRange, func(kv ggml.KV) { kv[KeyEndLayer] = uint32(5) })
+	badDigest := filepath.Join(dir, "baddigest.gguf")
+	rewrite(t, shards[0], badDigest, func(kv ggml.KV) { kv[KeySourceDigest] = "abc" })
+	pastTotal := filepath.Join(dir, "pasttotal.gguf")
+	rewrite(t, shards[1], pastTotal, func(kv ggml.KV) { kv[KeyTotalLayers] = uint32(4) })
+
+	tests := []struct {
+		path string
+		want error
+	}{
+		{truncated, ErrBadFile},
+		{headerOnly, ErrBadFile},
+		{notGGUF, ErrBadFile},
+		{filepath.Join(dir, "missing.gguf"), ErrBadFile},
+		{gemma, ErrUnsupportedArch},
+		{badRange, ErrBadMetadata},
+		{badDigest, ErrBadMetadata},
+		{pastTotal, ErrBadMetadata},
+	}
+	for _, tt := range tests {
+		t.Run(filepath.Base(tt.path), func(t *testing.T) {
+			if _, err := Read(tt.path); !errors.Is(err, tt.want) {
+				t.Fatalf("got %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
