@@ -26,7 +26,8 @@ APT_PKGS := protobuf-compiler nlohmann-json3-dev libstb-dev
 
 all: build
 
-## deps: install the Debian packages that are missing (apt-get), nothing else.
+## deps: install the Debian packages that are missing (apt-get) and fetch
+## the Go modules, nothing else.
 deps:
 	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -34,6 +35,7 @@ deps:
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
+	@$(GO) mod download
 
 ## tools: the protoc plugins, at the versions pinned in go.mod's tool block.
 tools: $(GOBIN_TOOLS)
@@ -90,6 +92,15 @@ fuzz: deps
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 	  echo "fuzz: $$fn ($(FUZZTIME))"; \
 	  $(GO) test -tags invariants -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
+
+## demo: the first command to run. Builds shardd, generates the tiny model,
+## splits it and proves the splits compute the whole model's logits.
+DEMO_DIR ?= $(CURDIR)/out/demo
+demo: build
+	@mkdir -p $(DEMO_DIR)
+	$(BIN)/shardd gen-model --preset tiny --out $(DEMO_DIR)/tiny.gguf
+	$(BIN)/shardd split --model $(DEMO_DIR)/tiny.gguf --shards 2 --out-dir $(DEMO_DIR)
+	$(BIN)/shardd verify --model $(DEMO_DIR)/tiny.gguf --shards 2,3
 
 ## test: what CI runs.
 test: check-generate vet unit fuzz
