@@ -1,0 +1,44 @@
+package lru
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestStrictRecencyAndBudget(t *testing.T) {
+	var evicted []string
+	c := New[string, int](3, func(k string, _ int) { evicted = append(evicted, k) })
+	c.Put("a", 1, 1)
+	c.Put("b", 2, 1)
+	c.Put("c", 3, 1)
+	c.Get("a") // a is now newest; b is oldest
+	c.Put("d", 4, 1)
+	if !slices.Equal(evicted, []string{"b"}) {
+		t.Fatalf("evicted %v, want [b]", evicted)
+	}
+	c.Put("e", 5, 2) // needs two units: c then a go
+	if !slices.Equal(evicted, []string{"b", "c", "a"}) {
+		t.Fatalf("evicted %v", evicted)
+	}
+	if c.Len() != 2 || c.Cost() != 3 {
+		t.Fatalf("len %d cost %d", c.Len(), c.Cost())
+	}
+	if _, ok := c.Peek("d"); !ok {
+		t.Fatal("d missing")
+	}
+	if v, ok := c.Remove("d"); !ok || v != 4 || len(evicted) != 3 {
+		t.Fatal("Remove must not call onEvict")
+	}
+	c.Put("e", 6, 1) // replace: old value evicted through the callback
+	if evicted[len(evicted)-1] != "e" || c.Cost() != 1 {
+		t.Fatalf("replace: %v cost %d", evicted, c.Cost())
+	}
+	k, _, _ := c.Oldest()
+	if k != "e" {
+		t.Fatalf("oldest %s", k)
+	}
+	c.Put("huge", 0, 10) // costlier than the budget: evicted at once, with everything else
+	if c.Len() != 0 {
+		t.Fatalf("len %d", c.Len())
+	}
+}

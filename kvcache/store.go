@@ -1,0 +1,248 @@
+// Package kvcache is the per-session KV state table: route session ->
+// backend sequence, tokens held, last applied step, last use.
+//
+// Bounded memory never depends on a release arriving: sessions are evicted
+// least recently used first when a budget (sessions, KV tokens) would be
+// exceeded, and after TTL without use. Eviction frees the backend sequence;
+// an evicted session's next DECODE finds no state, which the engine reports
+// as a declared CACHE_MISS (actual_past_len 0), never a silent stateless
+// forward. A session with work queued or running is pinned and never
+// evicted.
+//
+// The table is a strict LRU (internal/lru), not ristretto: ristretto's
+// admission policy may refuse a new entry and applies writes asynchronously,
+// and a session table must admit every session it has room for, at once.
+//
+// A Store is owned by the engine's scheduler goroutine and is not safe for
+// concurrent use.
+package kvcache
+
+import (
+	"time"
+
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/lru"
+	"github.com/meshnet/shardd/internal/wireerr"
+)
+
+// Refusals.
+var (
+	ErrEpochStale = wireerr.New(shardv1.ErrorCode_ERROR_CODE_EPOCH_STALE, "kvcache: work is for a route epoch this worker has moved past")
+	ErrNoSlot     = wireerr.NewRetryable(shardv1.ErrorCode_ERROR_CODE_RESOURCE_EXHAUSTED, "kvcache: no session slot is free")
+	ErrKVBudget   = wireerr.NewRetryable(shardv1.ErrorCode_ERROR_CODE_RESOURCE_EXHAUSTED, "kvcache: KV token budget exhausted")
+)
+
+// Session is one route session's state for this shard.
+type Session struct {
+	ID    string
+	Epoch uint64
+	Seq   int // backend sequence id
+	// PastLen is the number of tokens the backend sequence holds.
+	PastLen int
+	// LastStep is the highest idempotency step applied (valid when HasStep).
+	LastStep uint64
+	HasStep  bool
+	// PrefillDone: the final chunk of the current prefill has been applied.
+	PrefillDone bool
+	LastUse     time.Time
+	// Pins counts work queued or running for the session; a pinned session
+	// is never evicted.
+	Pins int
+}
+
+// Config bounds the store.
+type Config struct {
+	MaxSessions int // at most this many sessions hold state (<= sequences available)
+	MaxTokens   int // KV tokens across all sessions
+	TTL         time.Duration
+}
+
+// Store maps route session ids to sessions.
+type Store struct {
+	cfg     Config
+	lru     *lru.Cache[string, *Session]
+	free    []int // free sequence ids
+	tokens  int   // sum of PastLen
+	freeSeq func(seq int)
+	now     func() time.Time
+
+	// Evictions counts sessions evicted by budget or TTL.
+	Evictions uint64
+}
+
+// New returns a store over sequence ids [0, cfg.MaxSessions). freeSeq drops
+// a sequence's KV state in the backend.
+func New(cfg Config, freeSeq func(seq int), now func() time.Time) *Store {
+	s := &Store{cfg: cfg, freeSeq: freeSeq, now: now}
+	s.lru = lru.New[string, *Session](0, nil)
+	for i := cfg.MaxSessions - 1; i >= 0; i-- {
+		s.free = append(s.free, i)
+	}
+	return s
+}
+
+// Lookup returns the session id at its current epoch and marks it used.
+func (s *Store) Lookup(id string) (*Session, bool) {
+	sess, ok := s.lru.Get(id)
+	if ok {
+		sess.LastUse = s.now()
+	}
+	return sess, ok
+}
+
+// CheckEpoch refuses work for an epoch older than the session's.
+func (s *Store) CheckEpoch(id string, epoch uint64) error {
+	if sess, ok := s.lru.Peek(id); ok && epoch < sess.Epoch {
+		return ErrEpochStale
+	}
+	return nil
+}
+
+// Begin returns the session for id at epoch, fresh (PastLen 0): an existing
+// session at the same or an older epoch is reset (its KV dropped, a newer
+// epoch superseding the old state); a new one takes a free sequence,
+// evicting idle sessions least recently used first if none is free.
+func (s *Store) Begin(id string, epoch uint64) (*Session, error) {
+	if sess, ok := s.lru.Get(id); ok {
+		if epoch < sess.Epoch {
+			return nil, ErrEpochStale
+		}
+		if epoch > sess.Epoch {
+			s.NewEpoch(sess, epoch)
+		} else {
+			s.reset(sess)
+		}
+		sess.LastUse = s.now()
+		return sess, nil
+	}
+	if len(s.free) == 0 && !s.evictIdle(nil) {
+		return nil, ErrNoSlot
+	}
+	seq := s.free[len(s.free)-1]
+	s.free = s.free[:len(s.free)-1]
+	sess := &Session{ID: id, Epoch: epoch, Seq: seq, LastUse: s.now()}
+	s.lru.Put(id, sess, 0)
+	return sess, nil
+}
+
+// NewEpoch moves sess to a newer epoch: its state is superseded and dropped.
+func (s *Store) NewEpoch(sess *Session, epoch uint64) {
+	s.reset(sess)
+	sess.Epoch = epoch
+	sess.HasStep = false
+}
+
+// CanAdmit reports whether Begin(id) could succeed now.
+func (s *Store) CanAdmit(id string) bool {
+	if _, ok := s.lru.Peek(id); ok || len(s.free) > 0 {
+		return true
+	}
+	admit := false
+	s.lru.All(func(_ string, v *Session) bool {
+		admit = v.Pins == 0
+		return !admit
+	})
+	return admit
+}
+
+// Reserve makes room for n more tokens in sess, evicting other idle sessions
+// least recently used first, and counts them as held.
+func (s *Store) Reserve(sess *Session, n int) error {
+	for s.tokens+n > s.cfg.MaxTokens {
+		if !s.evictIdle(sess) {
+			return ErrKVBudget
+		}
+	}
+	s.tokens += n
+	sess.PastLen += n
+	return nil
+}
+
+// Truncate records that sess now holds n tokens (n <= PastLen), after the
+// backend rewound it.
+func (s *Store) Truncate(sess *Session, n int) {
+	if n < sess.PastLen {
+		s.tokens -= sess.PastLen - n
+		sess.PastLen = n
+	}
+}
+
+// Release drops id's state. It reports whether there was state to drop;
+// releasing nothing is a success. An older epoch than the session's is
+// stale and drops nothing.
+func (s *Store) Release(id string, epoch uint64) (bool, error) {
+	sess, ok := s.lru.Peek(id)
+	if !ok {
+		return false, nil
+	}
+	if epoch < sess.Epoch {
+		return false, ErrEpochStale
+	}
+	s.drop(sess)
+	return true, nil
+}
+
+// Sweep evicts idle sessions unused for longer than the TTL.
+func (s *Store) Sweep() {
+	if s.cfg.TTL <= 0 {
+		return
+	}
+	cutoff := s.now().Add(-s.cfg.TTL)
+	var expired []*Session
+	s.lru.All(func(_ string, v *Session) bool {
+		if v.Pins == 0 && v.LastUse.Before(cutoff) {
+			expired = append(expired, v)
+		}
+		return true
+	})
+	for _, v := range expired {
+		s.drop(v)
+		s.Evictions++
+	}
+}
+
+// Len is the number of sessions holding state; Tokens the KV tokens held.
+func (s *Store) Len() int    { return s.lru.Len() }
+func (s *Store) Tokens() int { return s.tokens }
+
+// Pressure is the fraction of the KV token budget in use.
+func (s *Store) Pressure() float64 {
+	if s.cfg.MaxTokens == 0 {
+		return 0
+	}
+	return float64(s.tokens) / float64(s.cfg.MaxTokens)
+}
+
+// evictIdle evicts the least recently used unpinned session other than keep.
+func (s *Store) evictIdle(keep *Session) bool {
+	var victim *Session
+	// Walk from the newest; the last idle one seen is the oldest idle one.
+	s.lru.All(func(_ string, v *Session) bool {
+		if v.Pins == 0 && v != keep {
+			victim = v
+		}
+		return true
+	})
+	if victim == nil {
+		return false
+	}
+	s.drop(victim)
+	s.Evictions++
+	return true
+}
+
+func (s *Store) reset(sess *Session) {
+	if sess.PastLen > 0 {
+		s.freeSeq(sess.Seq)
+	}
+	s.tokens -= sess.PastLen
+	sess.PastLen = 0
+	sess.PrefillDone = false
+}
+
+func (s *Store) drop(sess *Session) {
+	s.freeSeq(sess.Seq)
+	s.tokens -= sess.PastLen
+	s.lru.Remove(sess.ID)
+	s.free = append(s.free, sess.Seq)
+}
