@@ -41,6 +41,13 @@ func (b *Buffer) Truncate(n int) {
 	*b.data = (*b.data)[:n]
 }
 
+// SetLen sets the visible length to n, within the buffer's capacity, after
+// the owner appended to Bytes() in place.
+func (b *Buffer) SetLen(n int) {
+	checkLive(b)
+	*b.data = (*b.data)[:n]
+}
+
 // Ref adds a reference for another holder, who must Release it.
 func (b *Buffer) Ref() {
 	if b.refs.Add(1) <= 1 {

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/ollama/ollama/fs/ggml"
 )
@@ -76,7 +79,7 @@ func Read(path string) (Meta, error) {
 		HeadCount:    int(kv.HeadCountMax()),
 		HeadCountKV:  int(kv.HeadCountKVMax()),
 		ContextLen:   int(kv.ContextLength()),
-		FileType:     kv.FileType().String(),
+		FileType:     weightTypes(g.Tensors().Items()),
 		Tensors:      len(g.Tensors().Items()),
 	}
 	if ff := kv.FFNLength(); len(ff) > 0 {
@@ -109,6 +112,18 @@ func Read(path string) (Meta, error) {
 		return m, err
 	}
 	return m, nil
+}
+
+// weightTypes names the element types of the weight matrices, e.g. "f16"
+// or "q4_K+q6_K", sorted: part of what the runtime recipe digests.
+func weightTypes(ts []*ggml.Tensor) string {
+	seen := map[string]bool{}
+	for _, t := range ts {
+		if len(t.Shape) >= 2 {
+			seen[strings.ToLower(ggml.TensorType(t.Kind).String())] = true
+		}
+	}
+	return strings.Join(slices.Sorted(maps.Keys(seen)), "+")
 }
 
 // checkSize refuses a file shorter than its tensor table says (a truncated

@@ -70,6 +70,14 @@ func (in *Inbound) Release() {
 	in.buf = nil
 }
 
+// Len is the size of the received message in bytes.
+func (in *Inbound) Len() int {
+	if in.buf == nil {
+		return 0
+	}
+	return in.buf.Len()
+}
+
 // Materialized reports whether the message had to be copied into one buffer
 // because it arrived in several frames (for tests and metrics).
 func (in *Inbound) Materialized() bool { return in.materialized }

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/meshnet/shardd/backend/llamacpp"
+	"github.com/meshnet/shardd/engine"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/gguf"
+)
+
+// version is reported as recipe_version; set with -ldflags "-X main.version=...".
+var version = "dev"
+
+func init() {
+	register(command{name: "serve", summary: "serve one shard over the Shard data plane (gRPC)", run: runServe})
+}
+
+func runServe(args []string) error {
+	fs := newFlags("serve", "--model SHARD.gguf --listen ADDR [limits]",
+		"Serves the layer range of SHARD.gguf (a file from 'shardd split', or a whole model) over\n"+
+			"gRPC: meshnet.shard.v1.ShardRuntime, grpc.health.v1 and server reflection.\n"+
+			"SIGTERM or SIGINT drains: new sessions are refused, queued work finishes, then it exits.")
+	model := fs.String("model", "", "shard or model GGUF")
+	listen := fs.String("listen", "127.0.0.1:7070", "address to listen on")
+	threads := fs.Int("threads", 0, "forward threads (0: all cores)")
+	sessions := fs.Int("max-sessions", 16, "route sessions holding KV state at once (<= 255)")
+	ctxTokens := fs.Int("ctx-tokens", 0, "KV capacity in tokens shared by all sessions (0: the model's context length)")
+	batch := fs.Int("max-batch", 256, "most token rows in one forward call")
+	iterTokens := fs.Int("iteration-tokens", 32, "token budget of an iteration that carries decode steps")
+	prefillTokens := fs.Int("prefill-iteration-tokens", 128, "token budget of a prefill-only iteration")
+	queue := fs.Int("max-queue", 256, "work items queued across all sessions before RESOURCE_EXHAUSTED")
+	inflight := fs.Uint("max-inflight", 8, "un-acked chunks one session may have outstanding")
+	chunkBytes := fs.Uint64("max-chunk-bytes", 8<<20, "largest serialized chunk message")
+	chunkTokens := fs.Uint("max-prefill-chunk-tokens", 512, "most tokens in one prefill chunk")
+	ttl := fs.Duration("session-ttl", 10*time.Minute, "drop an idle session's KV state after this long")
+	boundary := fs.String("boundary", "bf16", "dtype of hidden states sent to the next shard: bf16 (the contract's canonical) or f32 (exact)")
+	requireCRC := fs.Bool("require-checksum", true, "refuse tensors without a CRC32C")
+	drainTimeout := fs.Duration("drain-timeout", 30*time.Second, "how long a drain waits for queued work")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	verbose := fs.Bool("verbose", false, "pass llama.cpp's own logs through")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := required(fs, "model"); err != nil {
+		return err
+	}
+	log, err := newLogger(*logLevel)
+	if err != nil {
+		return err
+	}
+	bd := shardv1.DType_DTYPE_BFLOAT16
+	switch *boundary {
+	case "bf16":
+	case "f32":
+		bd = shardv1.DType_DTYPE_FLOAT32
+	default:
+		return fmt.Errorf("--boundary must be bf16 or f32")
+	}
+	if *sessions < 1 || *sessions > 255 {
+		return fmt.Errorf("--max-sessions must be 1..255")
+	}
+
+	meta, err := gguf.Read(*model)
+	if err != nil {
+		return err
+	}
+	be, err := llamacpp.OpenMeta(llamacpp.Config{
+		Path: *model, Threads: *threads, MaxSeqs: *sessions + 1, CtxTokens: *ctxTokens, MaxBatch: *batch, Verbose: *verbose,
+	}, meta)
+	if err != nil {
+		return err
+	}
+	defer be.Close()
+
+	eng := engine.New(engine.Config{
+		MaxSessions: *sessions, SessionTTL: *ttl, MaxQueue: *queue,
+		IterationTokens: *iterTokens, PrefillIterationTokens: *prefillTokens,
+		MaxInflightChunks: uint32(*inflight), MaxChunkBytes: *chunkBytes, MaxPrefillChunkTokens: uint32(*chunkTokens),
+		RequireChecksum: *requireCRC, Boundary: bd, Version: version,
+	}, be, meta, log)
+	defer eng.Close()
+
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(eng.ServerOptions()...)
+	shardv1.RegisterShardRuntimeServer(srv, eng)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	reflection.Register(srv)
+	servingStatus := healthpb.HealthCheckResponse_SERVING
+	if eng.State() != shardv1.ServingState_SERVING_STATE_SERVING {
+		servingStatus = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	hs.SetServingStatus("", servingStatus)
+	hs.SetServingStatus(shardv1.ShardRuntime_ServiceDesc.ServiceName, servingStatus)
+
+	info := be.Info()
+	log.Info("serving", "listen", lis.Addr().String(), "layers", fmt.Sprintf("%d:%d of %d", meta.Start, meta.End, meta.Total),
+		"tokens_in", info.TokensIn, "logits_out", info.LogitsOut, "state", eng.State().String(),
+		"model_digest", eng.Identity().Fingerprint.ModelArtifactDigest, "recipe_digest", eng.Identity().Fingerprint.RuntimeRecipeDigest)
+	// A line scripts wait for.
+	fmt.Printf("shardd: listening on %s\n", lis.Addr())
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	select {
+	case err := <-errc:
+		return err
+	case s := <-sig:
+		log.Info("draining", "signal", s.String())
+	}
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	hs.SetServingStatus(shardv1.ShardRuntime_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	ctx, cancel := context.WithTimeout(context.Background(), *drainTimeout)
+	defer cancel()
+	if err := eng.Drain(ctx); err != nil {
+		log.Warn("drain incomplete", "err", err)
+	}
+	// Open streams end when their initiators close them; give them the
+	// rest of the drain window, then stop.
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		srv.Stop()
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
+		return nil, fmt.Errorf("--log-level: %v", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+	slog.SetDefault(log)
+	return log, nil
+}

@@ -1,0 +1,80 @@
+package engine
+
+import (
+	"time"
+
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+)
+
+// Config holds the worker's admission budgets and scheduling knobs.
+type Config struct {
+	// MaxSessions: route sessions holding KV state at once.
+	MaxSessions int
+	// SessionTTL: an idle session's state is dropped after this long.
+	SessionTTL time.Duration
+	// MaxQueue: work items queued or running across all streams; more is
+	// RESOURCE_EXHAUSTED.
+	MaxQueue int
+	// IterationTokens: the token budget of one scheduler iteration while a
+	// decode step waits: decode rows first, prefill tokens fill the rest.
+	IterationTokens int
+	// PrefillIterationTokens: the budget of an iteration that carries no
+	// decode step (prefill only). Larger is better throughput; it bounds how
+	// long a decode arriving mid-iteration waits.
+	PrefillIterationTokens int
+	// Flow control this worker offers; a session gets the smaller of these
+	// and what the initiator proposes.
+	MaxInflightChunks     uint32
+	MaxChunkBytes         uint64
+	MaxPrefillChunkTokens uint32
+	// MaxTensorBytes bounds one received tensor.
+	MaxTensorBytes uint64
+	// RequireChecksum refuses tensors without a CRC32C.
+	RequireChecksum bool
+	// Boundary is the dtype of hidden states this worker sends (bf16 is the
+	// contract's canonical choice; f32 is exact).
+	Boundary shardv1.DType
+	// ResultsCacheBytes bounds the cached results that answer duplicate
+	// steps.
+	ResultsCacheBytes int64
+	// Version is reported as recipe_version.
+	Version string
+}
+
+// Defaults fills zero fields.
+func (c Config) Defaults() Config {
+	set := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	set(&c.MaxSessions, 16)
+	set(&c.MaxQueue, 256)
+	set(&c.IterationTokens, 32)
+	set(&c.PrefillIterationTokens, 128)
+	if c.SessionTTL == 0 {
+		c.SessionTTL = 10 * time.Minute
+	}
+	if c.MaxInflightChunks == 0 {
+		c.MaxInflightChunks = 8
+	}
+	if c.MaxChunkBytes == 0 {
+		c.MaxChunkBytes = 8 << 20
+	}
+	if c.MaxPrefillChunkTokens == 0 {
+		c.MaxPrefillChunkTokens = 512
+	}
+	if c.MaxTensorBytes == 0 {
+		c.MaxTensorBytes = c.MaxChunkBytes
+	}
+	if c.Boundary == shardv1.DType_DTYPE_UNSPECIFIED {
+		c.Boundary = shardv1.DType_DTYPE_BFLOAT16
+	}
+	if c.ResultsCacheBytes == 0 {
+		c.ResultsCacheBytes = 64 << 20
+	}
+	if c.Version == "" {
+		c.Version = "dev"
+	}
+	return c
+}

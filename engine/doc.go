@@ -1,0 +1,30 @@
+// Package engine is the ShardRuntime service: it turns Session streams into
+// backend forward passes and back.
+//
+// Goroutines and ownership:
+//
+//	per stream:  receive goroutine (the gRPC handler)  -> decode, validate, run the
+//	                                                      receive stages, submit work
+//	             send goroutine                        -> frame out, the only Send caller
+//	one:         scheduler goroutine                   -> owns the backend, the session
+//	                                                      store and the results cache
+//
+// Stages are joined by bounded queues: the submit queue (bounded by the
+// queue depth; a full queue is RESOURCE_EXHAUSTED, never a block) and each
+// stream's reply queue (sized so the flow-control window can never fill it).
+// The scheduler never blocks on a peer.
+//
+// The scheduler runs iterations. Each iteration takes every waiting decode
+// step first (one per session: continuous decode batching across sessions),
+// then fills what is left of the iteration's token budget with prefill
+// tokens shared equally between prefilling sessions, starting from a rotating
+// session; a chunk larger than its share progresses over several
+// iterations. So a long prefill never delays a decode step by more than one
+// bounded iteration, and prefilling sessions progress together.
+//
+// Cache semantics are checked when work is dequeued, against the session
+// store: the epoch (older: EPOCH_STALE; newer: supersedes the old state), the
+// idempotency step (a repeat is acknowledged as a duplicate and its cached
+// result sent again, never re-applied), and the cache expectation (a
+// mismatch is a declared CACHE_MISS carrying actual_past_len).
+package engine

@@ -1,0 +1,174 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshnet/shardd/backend"
+	"github.com/meshnet/shardd/bufpool"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/internal/lru"
+	"github.com/meshnet/shardd/stages/checksum"
+	"github.com/meshnet/shardd/stages/decode"
+	"github.com/meshnet/shardd/stages/frameout"
+	"github.com/meshnet/shardd/stages/reassemble"
+	"github.com/meshnet/shardd/stages/receive"
+)
+
+// Engine serves one shard. Create it with New, serve it with Register, stop
+// it with Drain and Close.
+type Engine struct {
+	shardv1.UnimplementedShardRuntimeServer
+
+	cfg    Config
+	be     backend.Backend
+	info   backend.Info
+	id     Identity
+	pool   *bufpool.Pool
+	recv   *receive.Pipeline
+	framer *frameout.Framer
+	log    *slog.Logger
+
+	validated   bool
+	validatedAt time.Time
+	detail      string // sanitized reason when not validated
+
+	state   atomic.Int32 // shardv1.ServingState
+	submitQ chan *work
+	control chan func()
+	queued  atomic.Int32 // work submitted and not yet replied
+	stop    chan struct{}
+	stopped chan struct{}
+	streams sync.WaitGroup
+
+	// Published by the scheduler for Health.
+	statSessions  atomic.Int32
+	statOccupancy atomic.Int32
+	statPressure  atomic.Uint64 // float64 bits
+
+	// Owned by the scheduler goroutine.
+	sched scheduler
+}
+
+// New creates an engine over a loaded backend and runs the capability
+// probe: a bounded real forward. A failed probe leaves the engine
+// NOT_SERVING with a sanitized reason; it still answers GetCapability and
+// Health.
+func New(cfg Config, be backend.Backend, meta gguf.Meta, log *slog.Logger) *Engine {
+	cfg = cfg.Defaults()
+	info := be.Info()
+	if cfg.MaxSessions > info.MaxSeqs-1 {
+		cfg.MaxSessions = info.MaxSeqs - 1 // one sequence is kept for stateless work
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	pool := bufpool.Default
+	e := &Engine{
+		cfg:  cfg,
+		be:   be,
+		info: info,
+		id:   NewIdentity(meta, RecipeFor(info, meta, cfg.Boundary), cfg.Version),
+		pool: pool,
+		recv: receive.New(receive.Config{
+			Budget:   reassemble.Budget{MaxTensorBytes: cfg.MaxTensorBytes},
+			Checksum: checksum.Policy{Require: cfg.RequireChecksum},
+		}, pool),
+		framer:  frameout.New(pool),
+		log:     log,
+		submitQ: make(chan *work, cfg.MaxQueue),
+		control: make(chan func(), 64),
+		stop:    make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+	if err := backend.Probe(be); err != nil {
+		e.detail = "capability probe failed: the shard could not run a forward pass"
+		e.log.Error("capability probe failed", "err", err)
+		e.state.Store(int32(shardv1.ServingState_SERVING_STATE_NOT_SERVING))
+	} else {
+		e.validated, e.validatedAt = true, time.Now()
+		e.state.Store(int32(shardv1.ServingState_SERVING_STATE_SERVING))
+	}
+	if err := e.sched.init(e); err != nil {
+		e.detail = "could not allocate the forward batch"
+		e.validated = false
+		e.state.Store(int32(shardv1.ServingState_SERVING_STATE_NOT_SERVING))
+	}
+	go e.sched.run()
+	return e
+}
+
+// Identity is what the engine serves.
+func (e *Engine) Identity() Identity { return e.id }
+
+// State is the serving state.
+func (e *Engine) State() shardv1.ServingState { return shardv1.ServingState(e.state.Load()) }
+
+// Drain refuses new sessions and waits until queued work is done or ctx
+// ends. Streams already open keep being served.
+func (e *Engine) Drain(ctx context.Context) error {
+	e.state.CompareAndSwap(int32(shardv1.ServingState_SERVING_STATE_SERVING), int32(shardv1.ServingState_SERVING_STATE_DRAINING))
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for e.queued.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("engine: drain: %d work items still queued", e.queued.Load())
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// Close stops the scheduler, dropping queued work, and frees what the engine
+// holds. The caller stops the gRPC server first. The backend stays open.
+func (e *Engine) Close() {
+	select {
+	case <-e.stop:
+		return
+	default:
+	}
+	close(e.stop)
+	<-e.stopped
+	e.streams.Wait()
+	e.recv.Close()
+	e.framer.Close()
+}
+
+// do runs op on the scheduler goroutine and waits for it.
+func (e *Engine) do(ctx context.Context, op func()) error {
+	done := make(chan struct{})
+	select {
+	case e.control <- func() { op(); close(done) }:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-e.stopped:
+		return ErrCancelled
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-e.stopped:
+		return ErrCancelled
+	}
+}
+
+var inboundPool = sync.Pool{New: func() any { return new(decode.Inbound) }}
+
+// resultKey identifies a step's result for duplicate answers.
+type resultKey struct {
+	session string
+	epoch   uint64
+	step    uint64
+}
+
+func newResultsCache(budget int64) *lru.Cache[resultKey, *result] {
+	return lru.New[resultKey, *result](budget, func(_ resultKey, r *result) { r.release() })
+}

@@ -1,0 +1,121 @@
+package engine
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"github.com/meshnet/shardd/backend"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/internal/wireerr"
+)
+
+// Recipe is everything that changes the numbers a worker computes. Two
+// workers whose recipes differ never share a runtime_recipe_digest, so they
+// refuse each other at open instead of producing silently different tokens.
+type Recipe struct {
+	Backend  string // backend and version, e.g. "llama.cpp/ollama-v0.17.4 cpu"
+	Weights  string // weight types of the file
+	KVType   string // KV cache element type
+	Boundary string // activation dtype on the wire: bf16 (canonical) or f32
+	// TailNorm is where the shard boundary sits relative to the final norm:
+	// shardd passes the residual stream after the last block, before
+	// output_norm, which only the last shard applies.
+	TailNorm string
+	Arch     string
+}
+
+// Canonical is the digested form: one key=value per line, fixed order.
+func (r Recipe) Canonical() string {
+	return strings.Join([]string{
+		"recipe=shardd/1",
+		"backend=" + r.Backend,
+		"arch=" + r.Arch,
+		"weights=" + r.Weights,
+		"kv=" + r.KVType,
+		"boundary=" + r.Boundary,
+		"tail_norm=" + r.TailNorm,
+	}, "\n")
+}
+
+// Digest is the hex SHA-256 of Canonical.
+func (r Recipe) Digest() string {
+	sum := sha256.Sum256([]byte(r.Canonical()))
+	return hex.EncodeToString(sum[:])
+}
+
+// RecipeFor returns the recipe of a backend serving meta with the given
+// boundary dtype.
+func RecipeFor(info backend.Info, meta gguf.Meta, boundary shardv1.DType) Recipe {
+	b := "bf16"
+	if boundary == shardv1.DType_DTYPE_FLOAT32 {
+		b = "f32"
+	}
+	return Recipe{
+		Backend:  info.Name,
+		Weights:  meta.FileType,
+		KVType:   "f16",
+		Boundary: b,
+		TailNorm: "residual-before-output-norm",
+		Arch:     meta.Arch,
+	}
+}
+
+// Identity is what this worker serves.
+type Identity struct {
+	Fingerprint *shardv1.Fingerprint
+	Range       *shardv1.ShardRange
+}
+
+// NewIdentity builds the served identity.
+func NewIdentity(meta gguf.Meta, recipe Recipe, version string) Identity {
+	return Identity{
+		Fingerprint: &shardv1.Fingerprint{
+			ModelArtifactDigest: "sha256:" + meta.SourceDigest,
+			RuntimeRecipeDigest: "sha256:" + recipe.Digest(),
+			RecipeId:            "shardd-" + meta.Arch + "-" + recipe.Boundary,
+			RecipeVersion:       version,
+			CatalogueVersion:    "",
+		},
+		Range: &shardv1.ShardRange{StartLayer: uint32(meta.Start), EndLayer: uint32(meta.End), EffectiveStartLayer: uint32(meta.Start)},
+	}
+}
+
+// checkFingerprint compares digests, never labels.
+func (id Identity) checkFingerprint(fp *shardv1.Fingerprint) error {
+	if fp == nil {
+		return wireerr.Errorf(ErrFingerprint, "no fingerprint")
+	}
+	if fp.ModelArtifactDigest != id.Fingerprint.ModelArtifactDigest {
+		return wireerr.Errorf(ErrFingerprint, "model artifact digest differs")
+	}
+	if fp.RuntimeRecipeDigest != id.Fingerprint.RuntimeRecipeDigest {
+		return wireerr.Errorf(ErrFingerprint, "runtime recipe digest differs")
+	}
+	return nil
+}
+
+// checkRange accepts exactly the served range. The worker executes
+// [effective_start_layer, end_layer); its GGUF holds [start, end), so it can
+// honour only effective_start_layer == start_layer: starting later would need
+// layers skipped, starting earlier layers it does not hold.
+func (id Identity) checkRange(r *shardv1.ShardRange) error {
+	want := id.Range
+	if r == nil {
+		return wireerr.Errorf(ErrRange, "no shard range")
+	}
+	if r.StartLayer != want.StartLayer || r.EndLayer != want.EndLayer {
+		return wireerr.Errorf(ErrRange, "asked %d:%d, serving %d:%d", r.StartLayer, r.EndLayer, want.StartLayer, want.EndLayer)
+	}
+	if r.EffectiveStartLayer != want.StartLayer {
+		return wireerr.Errorf(ErrEffectiveStart, "effective start %d, this shard starts at %d", r.EffectiveStartLayer, want.StartLayer)
+	}
+	return nil
+}
+
+func (id Identity) String() string {
+	return fmt.Sprintf("layers %d:%d model %s recipe %s", id.Range.StartLayer, id.Range.EndLayer,
+		id.Fingerprint.ModelArtifactDigest, id.Fingerprint.RuntimeRecipeDigest)
+}

@@ -1,0 +1,564 @@
+package engine
+
+import (
+	"errors"
+	"math"
+	"time"
+
+	"github.com/meshnet/shardd/backend"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/lru"
+	"github.com/meshnet/shardd/internal/wireerr"
+	"github.com/meshnet/shardd/kvcache"
+	"github.com/meshnet/shardd/stages/dtype"
+)
+
+// scheduler owns the backend, the session store and the results cache. All
+// of its fields belong to its goroutine (run).
+type scheduler struct {
+	e       *Engine
+	store   *kvcache.Store
+	results *lru.Cache[resultKey, *result]
+	queues  map[string]*sessQueue // route session id -> its work, in order
+	ring    []*sessQueue          // sessions with work, for round robin
+	rr      int
+	pending int
+
+	batch   backend.Batch
+	out     backend.Output
+	planned []planned
+	scratch int   // the sequence kept for STATELESS work
+	owner   *work // the STATELESS item holding scratch
+}
+
+type sessQueue struct {
+	id    string
+	items []*work
+}
+
+// planned is one item's share of an iteration: rows [from, from+n).
+type planned struct {
+	w       *work
+	from, n int
+}
+
+func (s *scheduler) init(e *Engine) error {
+	s.e = e
+	s.scratch = e.info.MaxSeqs - 1
+	s.store = kvcache.New(kvcache.Config{
+		MaxSessions: e.cfg.MaxSessions,
+		MaxTokens:   e.info.CtxTokens,
+		TTL:         e.cfg.SessionTTL,
+	}, func(seq int) { e.be.SeqTrim(seq, 0) }, time.Now)
+	s.results = newResultsCache(e.cfg.ResultsCacheBytes)
+	s.queues = map[string]*sessQueue{}
+	b, err := e.be.NewBatch()
+	s.batch = b
+	return err
+}
+
+func (s *scheduler) run() {
+	e := s.e
+	defer close(e.stopped)
+	sweep := time.NewTicker(time.Second)
+	defer sweep.Stop()
+	for {
+		if s.pending == 0 {
+			select {
+			case w := <-e.submitQ:
+				s.enqueue(w)
+			case op := <-e.control:
+				s.runOp(op)
+			case <-sweep.C:
+				s.store.Sweep()
+				s.publish(0)
+			case <-e.stop:
+				s.shutdown()
+				return
+			}
+		}
+		for more := true; more; {
+			select {
+			case w := <-e.submitQ:
+				s.enqueue(w)
+			case op := <-e.control:
+				s.runOp(op)
+			case <-sweep.C:
+				s.store.Sweep()
+			case <-e.stop:
+				s.shutdown()
+				return
+			default:
+				more = false
+			}
+		}
+		if s.pending > 0 && s.batch != nil {
+			s.iterate()
+		}
+	}
+}
+
+// runOp runs a control operation (cancel, release, a query) after taking in
+// all submitted work, so the operation sees every item submitted before it.
+func (s *scheduler) runOp(op func()) {
+	for {
+		select {
+		case w := <-s.e.submitQ:
+			s.enqueue(w)
+			continue
+		default:
+		}
+		break
+	}
+	op()
+}
+
+func (s *scheduler) enqueue(w *work) {
+	q := s.queues[w.st.id]
+	if q == nil {
+		q = &sessQueue{id: w.st.id}
+		s.queues[w.st.id] = q
+	}
+	if len(q.items) == 0 {
+		s.ring = append(s.ring, q)
+	}
+	q.items = append(q.items, w)
+	s.pending++
+}
+
+// pop removes q's head (finished or refused).
+func (s *scheduler) pop(q *sessQueue) {
+	q.items[0] = nil
+	q.items = q.items[1:]
+	s.pending--
+	if len(q.items) == 0 {
+		s.dropQueue(q)
+	}
+}
+
+// iterate runs one forward pass: decode steps first, then prefill tokens
+// shared equally up to the iteration's budget.
+func (s *scheduler) iterate() {
+	e := s.e
+	// Admit each session's head; refused heads are answered and dropped.
+	var decodes, prefills []*sessQueue
+	for i := 0; i < len(s.ring); i++ {
+		q := s.ring[i]
+		for len(q.items) > 0 {
+			switch s.admit(q.items[0]) {
+			case admitRun:
+				if q.items[0].mode == shardv1.CacheMode_CACHE_MODE_DECODE {
+					decodes = append(decodes, q)
+				} else {
+					prefills = append(prefills, q)
+				}
+			case admitDrop:
+				s.pop(q)
+				if len(q.items) == 0 {
+					i-- // pop removed q from the ring
+				}
+				continue
+			}
+			break
+		}
+	}
+	budget := e.cfg.PrefillIterationTokens
+	if len(decodes) > 0 {
+		budget = e.cfg.IterationTokens
+	}
+	budget = min(budget, e.info.MaxBatch)
+
+	s.batch.Reset()
+	s.planned = s.planned[:0]
+	rows := 0
+	for _, q := range decodes {
+		w := q.items[0]
+		n := w.tokens - w.done
+		if rows+n > e.info.MaxBatch || (rows > 0 && rows+n > max(budget, len(decodes))) {
+			continue
+		}
+		if !s.plan(w, n) {
+			continue
+		}
+		rows += n
+	}
+	if len(prefills) > 0 && rows < budget {
+		left := budget - rows
+		start := s.rr % len(prefills)
+		s.rr++
+		for i := range prefills {
+			w := prefills[(start+i)%len(prefills)].items[0]
+			share := int(math.Ceil(float64(left) / float64(len(prefills)-i)))
+			n := min(w.tokens-w.done, share, left)
+			if n <= 0 || !s.plan(w, n) {
+				continue
+			}
+			left -= n
+			rows += n
+		}
+	}
+	if rows == 0 {
+		return
+	}
+	for _, p := range s.planned {
+		if p.w.started.IsZero() {
+			p.w.started = time.Now()
+		}
+	}
+	err := e.be.Forward(s.batch, &s.out)
+	s.publish(rows)
+	if err != nil {
+		s.failPlanned(err)
+		return
+	}
+	s.distribute()
+}
+
+// plan adds rows [w.done, w.done+n) of w to the batch.
+func (s *scheduler) plan(w *work, n int) bool {
+	info := s.e.info
+	h := info.Hidden
+	for r := w.done; r < w.done+n; r++ {
+		pos := w.first + r
+		out := info.LogitsOut && w.rowWantsOutput(r)
+		var err error
+		switch {
+		case info.TokensIn:
+			err = s.batch.AddToken(w.seq, pos, w.tokenIDs[r], out)
+		case w.hiddenF:
+			err = s.batch.AddHiddenF32(w.seq, pos, f32s(w.hiddenB[4*r*h:4*(r+1)*h]), out)
+		default:
+			err = s.batch.AddHiddenBF16(w.seq, pos, w.hiddenB[2*r*h:2*(r+1)*h], out)
+		}
+		if err != nil {
+			// Only a full batch can fail here (inputs were validated); the
+			// rows already added for w stay and are accounted below.
+			added := r - w.done
+			if added > 0 {
+				s.planned = append(s.planned, planned{w: w, from: w.done, n: added})
+				return true
+			}
+			return false
+		}
+	}
+	s.planned = append(s.planned, planned{w: w, from: w.done, n: n})
+	return true
+}
+
+// distribute copies each planned item's outputs and completes finished items.
+func (s *scheduler) distribute() {
+	e := s.e
+	info := e.info
+	h, vocab := info.Hidden, info.Vocab
+	row, logitRow := 0, 0
+	for _, p := range s.planned {
+		w := p.w
+		if w.out == nil {
+			w.out = e.pool.Alloc(s.outBytes(w))
+			w.out.Truncate(0)
+		}
+		buf := w.out.Bytes()
+		if info.LogitsOut {
+			nOut := 0
+			for r := p.from; r < p.from+p.n; r++ {
+				if w.rowWantsOutput(r) {
+					nOut++
+				}
+			}
+			buf = dtype.AppendF32Bytes(buf, s.out.Logits[logitRow*vocab:(logitRow+nOut)*vocab])
+			logitRow += nOut
+			w.outRows += nOut
+		} else {
+			rows := s.out.Hidden[row*h : (row+p.n)*h]
+			if e.cfg.Boundary == shardv1.DType_DTYPE_FLOAT32 {
+				buf = dtype.AppendF32Bytes(buf, rows)
+			} else {
+				buf = dtype.AppendF32ToBF16(buf, rows)
+			}
+			w.outRows += p.n
+		}
+		w.out.SetLen(len(buf)) // appended in place: outBytes sized the buffer
+		row += p.n
+		w.done += p.n
+		if w.done == w.tokens {
+			s.complete(w)
+		}
+	}
+}
+
+// outBytes is the size of w's whole output.
+func (s *scheduler) outBytes(w *work) int {
+	info := s.e.info
+	if info.LogitsOut {
+		return 4 * w.outputRows() * info.Vocab
+	}
+	return dtype.Size(s.e.cfg.Boundary) * w.tokens * info.Hidden
+}
+
+// complete records a finished item and sends its result.
+func (s *scheduler) complete(w *work) {
+	e := s.e
+	now := time.Now()
+	w.releaseInput()
+	r := &result{
+		workID: w.workID, session: w.st.id, step: w.step, epoch: w.epoch,
+		phase: w.phase, mode: w.mode, first: w.first, tokens: w.tokens, chunk: w.chunk, deadline: w.deadline,
+		body: w.out, outPos: w.outPos, execNanos: uint64(now.Sub(w.started)), cacheHit: w.hit,
+	}
+	w.out = nil
+	if e.info.LogitsOut {
+		r.name, r.dtype, r.shape = nameLogits, shardv1.DType_DTYPE_FLOAT32, [2]int64{int64(w.outRows), int64(e.info.Vocab)}
+		r.outPos = nil
+	} else {
+		r.name, r.dtype, r.shape = nameHidden, e.cfg.Boundary, [2]int64{int64(w.tokens), int64(e.info.Hidden)}
+	}
+	if w.mode == shardv1.CacheMode_CACHE_MODE_STATELESS {
+		e.be.SeqTrim(s.scratch, 0)
+		s.owner = nil
+	} else {
+		sess := w.sess
+		sess.LastStep, sess.HasStep = w.step, true
+		if w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL {
+			sess.PrefillDone = w.final
+		}
+		sess.Pins--
+		r.pastLen = uint64(sess.PastLen)
+		s.results.Put(resultKey{w.st.id, w.epoch, w.step}, r.ref(), r.cost())
+	}
+	w.st.deliver(reply{res: r}, true)
+	s.finish(w)
+}
+
+// finish pops w (the head of its session's queue).
+func (s *scheduler) finish(w *work) {
+	if q := s.queues[w.st.id]; q != nil && len(q.items) > 0 && q.items[0] == w {
+		s.pop(q)
+	}
+	s.e.queued.Add(-1)
+}
+
+// failPlanned answers every planned item with err after a failed forward and
+// rewinds the sessions to where each item began.
+func (s *scheduler) failPlanned(err error) {
+	s.e.log.Error("forward failed", "rows", s.batch.Len(), "err", err)
+	werr := wireerr.Wrap(ErrForward, err)
+	if errors.Is(err, backend.ErrKVFull) {
+		werr = ErrKVFull
+	}
+	seen := map[*work]bool{}
+	for _, p := range s.planned {
+		if seen[p.w] {
+			continue
+		}
+		seen[p.w] = true
+		s.fail(p.w, werr)
+	}
+}
+
+// fail answers an admitted item with err, undoing its KV reservation.
+func (s *scheduler) fail(w *work, err error) {
+	if w.mode == shardv1.CacheMode_CACHE_MODE_STATELESS {
+		s.e.be.SeqTrim(s.scratch, 0)
+		s.owner = nil
+	} else if w.sess != nil {
+		s.e.be.SeqTrim(w.seq, w.first)
+		s.store.Truncate(w.sess, w.first)
+		w.sess.Pins--
+	}
+	s.refuse(w, err)
+	s.finish(w)
+}
+
+// refuse sends err for w and releases what w holds (w is not finished).
+func (s *scheduler) refuse(w *work, err error) {
+	w.releaseInput()
+	if w.out != nil {
+		w.out.Release()
+		w.out = nil
+	}
+	w.st.deliver(reply{status: statusFor(w.st.id, w.workID, w.step, err)}, true)
+}
+
+type admitResult int
+
+const (
+	admitRun admitResult = iota
+	admitWait
+	admitDrop
+)
+
+// admit checks w against the session state when it reaches the head of its
+// session's queue. Refused items are answered here.
+func (s *scheduler) admit(w *work) admitResult {
+	if w.admitted {
+		return admitRun
+	}
+	drop := func(err error) admitResult {
+		s.refuse(w, err)
+		s.e.queued.Add(-1)
+		return admitDrop
+	}
+	if w.st.isClosed() {
+		w.releaseInput()
+		w.st.deliver(reply{}, true) // accounting only; nobody reads
+		s.e.queued.Add(-1)
+		return admitDrop
+	}
+	if w.deadline != 0 && time.Now().UnixNano() > w.deadline {
+		return drop(ErrDeadline)
+	}
+	if w.mode == shardv1.CacheMode_CACHE_MODE_STATELESS {
+		if s.owner != nil && s.owner != w {
+			return admitWait
+		}
+		s.owner, w.seq, w.admitted = w, s.scratch, true
+		return admitRun
+	}
+	id := w.st.id
+	if err := s.store.CheckEpoch(id, w.epoch); err != nil {
+		return drop(err)
+	}
+	sess, ok := s.store.Lookup(id)
+	if ok && w.epoch > sess.Epoch {
+		s.store.NewEpoch(sess, w.epoch) // a newer epoch supersedes the old state
+	}
+	if ok && sess.HasStep && w.step <= sess.LastStep {
+		s.duplicate(w, sess)
+		s.e.queued.Add(-1)
+		return admitDrop
+	}
+	miss := func() admitResult {
+		actual := uint64(0)
+		if ok {
+			actual = uint64(sess.PastLen)
+		}
+		w.releaseInput()
+		st := statusFor(id, w.workID, w.step, wireerr.Errorf(ErrCacheMiss, "expected %d tokens, holding %d", w.expected, actual))
+		st.Error.ActualPastLen = actual
+		w.st.deliver(reply{status: st}, true)
+		s.e.queued.Add(-1)
+		return admitDrop
+	}
+	switch w.mode {
+	case shardv1.CacheMode_CACHE_MODE_PREFILL:
+		if w.first == 0 {
+			var err error
+			if sess, err = s.store.Begin(id, w.epoch); err != nil {
+				return drop(err)
+			}
+			ok = true
+		} else if !ok || sess.PastLen != w.first || sess.PrefillDone {
+			w.expected = uint64(w.first)
+			return miss()
+		}
+		w.hit = w.first > 0
+	case shardv1.CacheMode_CACHE_MODE_DECODE:
+		if !ok || !sess.PrefillDone || uint64(sess.PastLen) != w.expected || uint64(w.first) != w.expected {
+			return miss()
+		}
+		w.hit = true
+	default:
+		return drop(wireerr.Errorf(ErrEnvelope, "cache mode %s", w.mode))
+	}
+	if err := s.store.Reserve(sess, w.tokens); err != nil {
+		return drop(err)
+	}
+	sess.Pins++
+	w.sess, w.seq, w.admitted = sess, sess.Seq, true
+	return admitRun
+}
+
+// duplicate answers a step that was already applied: its cached result sent
+// again marked duplicate, or, when it has left the cache, a bare duplicate
+// acknowledgement. Nothing is re-applied.
+func (s *scheduler) duplicate(w *work, sess *kvcache.Session) {
+	w.releaseInput()
+	if r, ok := s.results.Get(resultKey{sess.ID, w.epoch, w.step}); ok {
+		w.st.deliver(reply{res: r.ref(), duplicate: true}, true)
+		return
+	}
+	w.st.deliver(reply{ack: &shardv1.Ack{
+		WorkId: w.workID, IdempotencyStep: w.step, Duplicate: true,
+		CacheResult: &shardv1.CacheResult{Mode: w.mode, PastLen: uint64(sess.PastLen), CacheHit: true},
+	}}, true)
+}
+
+// cancel answers queued work of session id (one work id, or all) with
+// CANCELLED. An item already partly run is rewound. It returns how many
+// items were cancelled.
+func (s *scheduler) cancel(id string, epoch uint64, workID string) int {
+	q := s.queues[id]
+	if q == nil {
+		return 0
+	}
+	n := 0
+	kept := q.items[:0]
+	for _, w := range q.items {
+		if (workID != "" && w.workID != workID) || w.epoch < epoch {
+			kept = append(kept, w)
+			continue
+		}
+		if w.admitted {
+			if w.mode == shardv1.CacheMode_CACHE_MODE_STATELESS {
+				s.e.be.SeqTrim(s.scratch, 0)
+				s.owner = nil
+			} else {
+				s.e.be.SeqTrim(w.seq, w.first)
+				s.store.Truncate(w.sess, w.first)
+				w.sess.Pins--
+			}
+		}
+		s.refuse(w, ErrCancelled)
+		s.e.queued.Add(-1)
+		s.pending--
+		n++
+	}
+	clear(q.items[len(kept):])
+	q.items = kept
+	if len(kept) == 0 {
+		s.dropQueue(q)
+	}
+	return n
+}
+
+// dropQueue forgets an empty session queue.
+func (s *scheduler) dropQueue(q *sessQueue) {
+	for i, r := range s.ring {
+		if r == q {
+			s.ring = append(s.ring[:i], s.ring[i+1:]...)
+			break
+		}
+	}
+	delete(s.queues, q.id)
+}
+
+// release cancels id's queued work and drops its state.
+func (s *scheduler) release(id string, epoch uint64) (bool, error) {
+	s.cancel(id, epoch, "")
+	released, err := s.store.Release(id, epoch)
+	s.publish(0)
+	return released, err
+}
+
+func (s *scheduler) publish(rows int) {
+	e := s.e
+	if rows > 0 {
+		e.statOccupancy.Store(int32(rows))
+	}
+	e.statSessions.Store(int32(s.store.Len()))
+	e.statPressure.Store(math.Float64bits(s.store.Pressure()))
+}
+
+// shutdown answers everything still queued with CANCELLED and frees state.
+func (s *scheduler) shutdown() {
+	for len(s.ring) > 0 {
+		q := s.ring[0]
+		s.cancel(q.id, 0, "")
+	}
+	for s.results.EvictOldest() {
+	}
+	if s.batch != nil {
+		s.e.be.FreeBatch(s.batch)
+		s.batch = nil
+	}
+}

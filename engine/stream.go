@@ -1,0 +1,526 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/meshnet/shardd/bufpool"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/wireerr"
+	"github.com/meshnet/shardd/stages/decode"
+	"github.com/meshnet/shardd/stages/frameout"
+)
+
+// reply is one message for a stream's send goroutine.
+type reply struct {
+	res       *result // a step's output and Ack (holds a reference)
+	duplicate bool
+	ack       *shardv1.Ack // a bare Ack (duplicate whose result left the cache)
+	status    *shardv1.ShardStatus
+	accepted  *shardv1.SessionAccepted
+	flush     chan struct{} // closed by the sender when it reaches this reply
+}
+
+// release drops what the reply holds.
+func (r reply) release() {
+	if r.res != nil {
+		r.res.release()
+	}
+}
+
+// stream is one Session stream.
+type stream struct {
+	e      *Engine
+	ss     grpc.BidiStreamingServer[shardv1.SessionRequest, shardv1.SessionResponse]
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// Fixed at open.
+	id       string // route session id (cloned)
+	fc       limits
+	zstdOut  bool // the initiator decodes zstd
+	zstdIn   bool // we accepted zstd from the initiator
+	epoch    uint64
+	replies  chan reply
+	sendDone chan struct{}
+
+	mu          sync.Mutex // guards the fields below
+	outstanding int        // work received and not yet answered
+	closed      bool       // no more replies are sent; deliver releases
+	draining    bool       // the initiator closed its side
+	drained     chan struct{}
+}
+
+func (st *stream) isClosed() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.closed
+}
+
+// deliver queues r for sending. work is true when r answers a work item
+// (releasing its credit). It never blocks: the reply queue holds twice the
+// flow-control window, which bounds outstanding work; a peer that still
+// overflows it is cut off.
+func (st *stream) deliver(r reply, work bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if work {
+		st.outstanding--
+		if st.draining && st.outstanding == 0 && st.drained != nil {
+			close(st.drained)
+			st.drained = nil
+		}
+	}
+	if st.closed {
+		r.release()
+		return
+	}
+	if r.res == nil && r.ack == nil && r.status == nil && r.accepted == nil && r.flush == nil {
+		return
+	}
+	select {
+	case st.replies <- r:
+	default:
+		r.release()
+		st.closed = true
+		st.cancel()
+	}
+}
+
+// admitWork takes a credit for a work item, or refuses it.
+func (st *stream) admitWork() error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.outstanding >= int(st.fc.inflight) {
+		return wireerr.Errorf(ErrCredit, "%d chunks un-acked, window %d", st.outstanding, st.fc.inflight)
+	}
+	st.outstanding++
+	return nil
+}
+
+// close stops sending and releases queued replies.
+func (st *stream) close() {
+	st.mu.Lock()
+	st.closed = true
+	st.mu.Unlock()
+	st.cancel()
+	<-st.sendDone
+	for {
+		select {
+		case r := <-st.replies:
+			r.release()
+		default:
+			return
+		}
+	}
+}
+
+// sendLoop is the only goroutine that calls Send on the stream.
+func (st *stream) sendLoop() {
+	defer close(st.sendDone)
+	var resp shardv1.SessionResponse
+	for {
+		select {
+		case <-st.ctx.Done():
+			return
+		case r := <-st.replies:
+			err := st.send(&resp, r)
+			r.release()
+			if err != nil {
+				st.cancel()
+				return
+			}
+		}
+	}
+}
+
+func (st *stream) send(resp *shardv1.SessionResponse, r reply) error {
+	switch {
+	case r.flush != nil:
+		close(r.flush)
+		return nil
+	case r.accepted != nil:
+		resp.Kind = &shardv1.SessionResponse_Accepted{Accepted: r.accepted}
+		return st.ss.Send(resp)
+	case r.status != nil:
+		resp.Kind = &shardv1.SessionResponse_Status{Status: r.status}
+		return st.ss.Send(resp)
+	case r.ack != nil:
+		resp.Kind = &shardv1.SessionResponse_Ack{Ack: r.ack}
+		return st.ss.Send(resp)
+	case r.res != nil:
+		return st.sendResult(resp, r.res, r.duplicate)
+	}
+	return nil
+}
+
+// sendResult frames a step's output as an ActivationChunk, then its Ack.
+func (st *stream) sendResult(resp *shardv1.SessionResponse, r *result, dup bool) error {
+	e := st.e
+	chunk := &shardv1.ActivationChunk{
+		Envelope: &shardv1.Envelope{
+			SchemaVersion:     shardv1.SchemaVersion_SCHEMA_VERSION_1,
+			WorkId:            r.workID,
+			RouteSessionId:    r.session,
+			RouteEpoch:        r.epoch,
+			Fingerprint:       e.id.Fingerprint,
+			ShardRange:        e.id.Range,
+			Phase:             r.phase,
+			Position:          &shardv1.PositionSpan{FirstPosition: uint64(r.first), TokenCount: uint32(r.tokens)},
+			IdempotencyStep:   r.step,
+			CacheExpectation:  &shardv1.CacheExpectation{Mode: r.mode},
+			DeadlineUnixNanos: r.deadline,
+		},
+		Bundle: &shardv1.TensorBundle{BundleVersion: 1},
+	}
+	if r.chunk.count > 0 {
+		chunk.Envelope.Chunk = &shardv1.ChunkInfo{ChunkIndex: r.chunk.index, ChunkCount: r.chunk.count, FinalChunk: r.chunk.final}
+	}
+	var body []byte
+	if r.body != nil {
+		body = r.body.Bytes()
+	}
+	main := &shardv1.NamedTensor{}
+	owned := e.framer.Frame(main, r.name, r.shape[:], r.dtype, body,
+		frameout.Options{AcceptZstd: st.zstdOut, FragmentBytes: fragmentBytes(st.fc.chunkBytes)})
+	defer releaseIf(owned)
+	chunk.Bundle.Tensors = append(chunk.Bundle.Tensors, main)
+	if len(r.outPos) > 0 {
+		pos := make([]byte, 0, 4*len(r.outPos))
+		for _, p := range r.outPos {
+			pos = append(pos, byte(p), byte(p>>8), byte(p>>16), byte(p>>24))
+		}
+		nt := &shardv1.NamedTensor{}
+		e.framer.Frame(nt, nameOutputPositions, []int64{int64(len(r.outPos))}, shardv1.DType_DTYPE_INT32, pos, frameout.Options{})
+		chunk.Bundle.Tensors = append(chunk.Bundle.Tensors, nt)
+	}
+	resp.Kind = &shardv1.SessionResponse_Chunk{Chunk: chunk}
+	if err := st.ss.Send(resp); err != nil {
+		return err
+	}
+	resp.Kind = &shardv1.SessionResponse_Ack{Ack: &shardv1.Ack{
+		WorkId: r.workID, IdempotencyStep: r.step, Duplicate: dup, ExecutionNanos: r.execNanos,
+		CacheResult: &shardv1.CacheResult{Mode: r.mode, PastLen: r.pastLen, CacheHit: r.cacheHit},
+	}}
+	return st.ss.Send(resp)
+}
+
+// fragmentBytes leaves room for the envelope within max_chunk_bytes.
+func fragmentBytes(maxChunk uint64) int {
+	if maxChunk == 0 || maxChunk > 4<<20+4096 {
+		return 4 << 20
+	}
+	return int(max(maxChunk/2, 1024))
+}
+
+func releaseIf(b *bufpool.Buffer) {
+	if b != nil {
+		b.Release()
+	}
+}
+
+// statusFor builds the ShardStatus for a refused unit of work.
+func statusFor(session, workID string, step uint64, err error) *shardv1.ShardStatus {
+	return &shardv1.ShardStatus{WorkId: workID, RouteSessionId: session, IdempotencyStep: step, Error: wireerr.ToShardError(err)}
+}
+
+// Session serves one Route Session Activation Seam.
+func (e *Engine) Session(ss grpc.BidiStreamingServer[shardv1.SessionRequest, shardv1.SessionResponse]) error {
+	e.streams.Add(1)
+	defer e.streams.Done()
+	ctx, cancel := context.WithCancel(ss.Context())
+	st := &stream{e: e, ss: ss, ctx: ctx, cancel: cancel, sendDone: make(chan struct{})}
+
+	in := inboundPool.Get().(*decode.Inbound)
+	defer func() { in.Release(); inboundPool.Put(in) }()
+	if err := ss.RecvMsg(in); err != nil {
+		cancel()
+		return err
+	}
+	open := in.Msg.GetOpen()
+	var accepted *shardv1.SessionAccepted
+	var err error
+	if open == nil {
+		err = ErrNotOpen
+	} else {
+		accepted, err = e.open(st, open)
+	}
+	if err != nil {
+		cancel()
+		st := statusFor("", "", 0, err)
+		if open != nil {
+			st.RouteSessionId = strings.Clone(open.RouteSessionId)
+		}
+		st.Terminal = true
+		return ss.Send(&shardv1.SessionResponse{Kind: &shardv1.SessionResponse_Status{Status: st}})
+	}
+	st.replies = make(chan reply, 2*int(st.fc.inflight)+16)
+	go st.sendLoop()
+	defer st.close()
+	st.deliver(reply{accepted: accepted}, false)
+	in.Release()
+
+	for {
+		msg := inboundPool.Get().(*decode.Inbound)
+		if err := ss.RecvMsg(msg); err != nil {
+			inboundPool.Put(msg)
+			if errors.Is(err, io.EOF) {
+				return st.finish()
+			}
+			return err
+		}
+		e.handle(st, msg)
+	}
+}
+
+// finish waits, after the initiator closed its side, until every work item
+// is answered and sent, so that returning does not cut replies off.
+func (st *stream) finish() error {
+	st.mu.Lock()
+	st.draining = true
+	var wait chan struct{}
+	if st.outstanding > 0 {
+		st.drained = make(chan struct{})
+		wait = st.drained
+	}
+	st.mu.Unlock()
+	if wait != nil {
+		select {
+		case <-wait:
+		case <-st.ctx.Done():
+			return st.ctx.Err()
+		}
+	}
+	// Let the sender send everything queued before the handler returns.
+	flushed := make(chan struct{})
+	st.deliver(reply{flush: flushed}, false)
+	select {
+	case <-flushed:
+		return nil
+	case <-st.ctx.Done():
+		return st.ctx.Err()
+	}
+}
+
+// open settles version, identity and flow control for a new stream.
+func (e *Engine) open(st *stream, o *shardv1.SessionOpen) (*shardv1.SessionAccepted, error) {
+	if o.SchemaVersion < shardv1.SchemaVersion_SCHEMA_VERSION_1 {
+		return nil, wireerr.Errorf(ErrSchema, "initiator offers %s, this worker needs SCHEMA_VERSION_1", o.SchemaVersion)
+	}
+	if e.State() == shardv1.ServingState_SERVING_STATE_DRAINING {
+		return nil, ErrDraining
+	}
+	if !e.validated {
+		return nil, wireerr.Errorf(ErrNoSession, "worker is not serving: %s", e.detail)
+	}
+	if err := e.id.checkFingerprint(o.Fingerprint); err != nil {
+		return nil, err
+	}
+	if err := e.id.checkRange(o.ShardRange); err != nil {
+		return nil, err
+	}
+	if o.RouteSessionId == "" {
+		return nil, wireerr.Errorf(ErrEnvelope, "empty route_session_id")
+	}
+	st.id = strings.Clone(o.RouteSessionId)
+	st.epoch = o.RouteEpoch
+	var admitErr error
+	if err := e.do(st.ctx, func() {
+		if err := e.sched.store.CheckEpoch(st.id, st.epoch); err != nil {
+			admitErr = err
+		} else if !e.sched.store.CanAdmit(st.id) {
+			admitErr = ErrNoSession
+		}
+	}); err != nil {
+		return nil, err
+	}
+	if admitErr != nil {
+		return nil, admitErr
+	}
+	st.fc = e.negotiate(o.ProposedFlowControl)
+	accepted := &shardv1.SessionAccepted{
+		SchemaVersion:       shardv1.SchemaVersion_SCHEMA_VERSION_1,
+		RouteSessionId:      st.id,
+		RouteEpoch:          st.epoch,
+		Fingerprint:         e.id.Fingerprint,
+		AcceptedCompression: []shardv1.Compression{shardv1.Compression_COMPRESSION_NONE, shardv1.Compression_COMPRESSION_ZSTD},
+	}
+	accepted.FlowControl = st.fc.proto()
+	st.zstdIn = true
+	for _, c := range o.AcceptedCompression {
+		if c == shardv1.Compression_COMPRESSION_ZSTD {
+			st.zstdOut = true
+		}
+	}
+	return accepted, nil
+}
+
+// negotiate takes the smaller of each limit (0 in a proposal: no preference).
+func (e *Engine) negotiate(p *shardv1.FlowControl) limits {
+	l := limits{
+		inflight:      e.cfg.MaxInflightChunks,
+		chunkBytes:    e.cfg.MaxChunkBytes,
+		prefillTokens: min(e.cfg.MaxPrefillChunkTokens, uint32(e.info.CtxTokens)),
+	}
+	if p == nil {
+		return l
+	}
+	if p.MaxInflightChunks != 0 {
+		l.inflight = min(l.inflight, p.MaxInflightChunks)
+	}
+	if p.MaxPrefillChunkTokens != 0 {
+		l.prefillTokens = min(l.prefillTokens, p.MaxPrefillChunkTokens)
+	}
+	if p.MaxChunkBytes != 0 {
+		l.chunkBytes = min(l.chunkBytes, p.MaxChunkBytes)
+	}
+	return l
+}
+
+// handle dispatches one received message; it owns in until it submits work
+// (then the work item owns it) or releases it.
+func (e *Engine) handle(st *stream, in *decode.Inbound) {
+	release := func() { in.Release(); inboundPool.Put(in) }
+	switch k := in.Msg.Kind.(type) {
+	case *shardv1.SessionRequest_Chunk:
+		e.onWork(st, in, k.Chunk.GetEnvelope(), nil, k.Chunk.GetBundle())
+	case *shardv1.SessionRequest_Decode:
+		e.onWork(st, in, nil, k.Decode, nil)
+	case *shardv1.SessionRequest_Release:
+		id, epoch := k.Release.RouteSessionId, k.Release.RouteEpoch
+		release()
+		if id == st.id {
+			e.do(st.ctx, func() { e.sched.release(st.id, epoch) })
+		}
+	case *shardv1.SessionRequest_Cancel:
+		id, epoch, workID := k.Cancel.RouteSessionId, k.Cancel.RouteEpoch, strings.Clone(k.Cancel.WorkId)
+		release()
+		if id == st.id {
+			e.do(st.ctx, func() { e.sched.cancel(st.id, epoch, workID) })
+		}
+	case *shardv1.SessionRequest_FlowControl:
+		// Credit the initiator grants us for responses. Our responses are
+		// one-to-one with its requests, which its own window bounds.
+		release()
+	case *shardv1.SessionRequest_Open:
+		release()
+		st.deliver(reply{status: statusFor(st.id, "", 0, ErrReopen)}, false)
+	default:
+		release()
+		st.deliver(reply{status: statusFor(st.id, "", 0, wireerr.Errorf(ErrEnvelope, "empty request"))}, false)
+	}
+}
+
+// onWork validates a chunk (env, bundle) or a decode step (d) and submits it.
+func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d *shardv1.DecodeStep, b *shardv1.TensorBundle) {
+	w := &work{st: st, in: in, received: time.Now(), epoch: st.epoch}
+	if d != nil {
+		w.workID, w.step = strings.Clone(d.WorkId), d.IdempotencyStep
+	} else if env != nil {
+		w.workID, w.step = strings.Clone(env.WorkId), env.IdempotencyStep
+	}
+	refuse := func(err error) {
+		w.releaseInput()
+		st.deliver(reply{status: statusFor(st.id, w.workID, w.step, err)}, false)
+	}
+	if err := st.admitWork(); err != nil {
+		refuse(err)
+		return
+	}
+	// From here the item holds a credit: every path answers it as work.
+	fail := func(err error) {
+		w.releaseInput()
+		st.deliver(reply{status: statusFor(st.id, w.workID, w.step, err)}, true)
+	}
+	if uint64(in.Len()) > st.fc.chunkBytes {
+		fail(wireerr.Errorf(ErrChunkBytes, "%d bytes, limit %d", in.Len(), st.fc.chunkBytes))
+		return
+	}
+	var err error
+	if d != nil {
+		err = e.parseDecodeStep(w, d)
+	} else {
+		err = e.parseChunk(st, w, env, b)
+	}
+	if err != nil {
+		fail(err)
+		return
+	}
+	if w.deadline != 0 && time.Now().UnixNano() > w.deadline {
+		fail(ErrDeadline)
+		return
+	}
+	if int(e.queued.Add(1)) > e.cfg.MaxQueue {
+		e.queued.Add(-1)
+		fail(wireerr.Errorf(ErrQueueFull, "%d items queued", e.cfg.MaxQueue))
+		return
+	}
+	e.submitQ <- w // capacity MaxQueue: never blocks
+}
+
+func (e *Engine) parseDecodeStep(w *work, d *shardv1.DecodeStep) error {
+	w.mode, w.phase = shardv1.CacheMode_CACHE_MODE_DECODE, shardv1.Phase_PHASE_DECODE
+	w.expected, w.first, w.tokens, w.final = d.ExpectedPastLen, int(d.Position), 1, true
+	w.deadline = d.DeadlineUnixNanos
+	if d.Tensor == nil {
+		return wireerr.Errorf(ErrMissingTensor, "%s", e.inputName())
+	}
+	return e.parseInput(w, d.Tensor, w.st.zstdIn)
+}
+
+func (e *Engine) parseChunk(st *stream, w *work, env *shardv1.Envelope, b *shardv1.TensorBundle) error {
+	if env == nil {
+		return wireerr.Errorf(ErrEnvelope, "chunk without envelope")
+	}
+	if env.SchemaVersion != shardv1.SchemaVersion_SCHEMA_VERSION_1 {
+		return wireerr.Errorf(ErrSchema, "%s", env.SchemaVersion)
+	}
+	if env.RouteSessionId != st.id {
+		return ErrIdentity
+	}
+	if err := e.id.checkFingerprint(env.Fingerprint); err != nil {
+		return err
+	}
+	if err := e.id.checkRange(env.ShardRange); err != nil {
+		return err
+	}
+	w.epoch, w.phase, w.deadline = env.RouteEpoch, env.Phase, env.DeadlineUnixNanos
+	w.mode = env.CacheExpectation.GetMode()
+	w.expected = env.CacheExpectation.GetExpectedPastLen()
+	if env.Position == nil || env.Position.TokenCount == 0 {
+		return wireerr.Errorf(ErrEnvelope, "no token positions")
+	}
+	w.first, w.tokens = int(env.Position.FirstPosition), int(env.Position.TokenCount)
+	switch w.phase {
+	case shardv1.Phase_PHASE_PREFILL, shardv1.Phase_PHASE_DECODE:
+	default:
+		return wireerr.Errorf(ErrEnvelope, "phase %s in an activation chunk", w.phase)
+	}
+	switch w.mode {
+	case shardv1.CacheMode_CACHE_MODE_PREFILL, shardv1.CacheMode_CACHE_MODE_STATELESS:
+		if uint32(w.tokens) > st.fc.prefillTokens {
+			return wireerr.Errorf(ErrChunkTokens, "%d tokens, limit %d", w.tokens, st.fc.prefillTokens)
+		}
+	case shardv1.CacheMode_CACHE_MODE_DECODE:
+	default:
+		return wireerr.Errorf(ErrEnvelope, "cache mode %s", w.mode)
+	}
+	if w.tokens > e.info.CtxTokens {
+		return wireerr.Errorf(ErrChunkTokens, "%d tokens exceed the context of %d", w.tokens, e.info.CtxTokens)
+	}
+	w.final = true
+	if c := env.Chunk; c != nil {
+		if c.ChunkCount > 0 && c.ChunkIndex >= c.ChunkCount {
+			return wireerr.Errorf(ErrEnvelope, "chunk %d of %d", c.ChunkIndex, c.ChunkCount)
+		}
+		w.chunk = chunkInfo{index: c.ChunkIndex, count: c.ChunkCount, final: c.FinalChunk}
+		w.final = c.FinalChunk
+	}
+	return e.parseBundle(w, b, st.zstdIn)
+}

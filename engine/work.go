@@ -1,0 +1,243 @@
+package engine
+
+import (
+	"encoding/binary"
+	"time"
+	"unsafe"
+
+	"github.com/meshnet/shardd/bufpool"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/wireerr"
+	"github.com/meshnet/shardd/kvcache"
+	"github.com/meshnet/shardd/stages"
+	"github.com/meshnet/shardd/stages/decode"
+)
+
+// Boundary tensor names.
+const (
+	nameInputIDs        = "input_ids"
+	nameHidden          = "hidden_states"
+	nameLogits          = "logits"
+	nameOutputPositions = "output_positions"
+)
+
+// work is one unit of work: a prefill chunk or a decode step, from receipt to
+// its reply. Fields above the line are set by the receive goroutine; the
+// rest belong to the scheduler.
+type work struct {
+	st       *stream
+	in       *decode.Inbound // the received message; released once rows are in a batch
+	workID   string          // cloned
+	step     uint64
+	epoch    uint64
+	phase    shardv1.Phase
+	mode     shardv1.CacheMode
+	expected uint64 // expected_past_len (DECODE)
+	first    int    // first position
+	tokens   int
+	final    bool // last chunk of a prefill (or a single-chunk prefill)
+	chunk    chunkInfo
+	deadline int64
+	received time.Time
+
+	tokenIDs []int32       // first shard: input ids, aliasing the message
+	hidden   stages.Tensor // other shards: validated hidden states
+	hiddenB  []byte        // hidden's contiguous bytes
+	hiddenF  bool          // hidden is f32 rather than bf16
+	outPos   []int32       // output_positions (absolute), owned copy; nil: last row only
+
+	// --- scheduler ---
+	admitted bool
+	sess     *kvcache.Session
+	seq      int
+	done     int // rows run so far
+	out      *bufpool.Buffer
+	outRows  int
+	hit      bool
+	started  time.Time
+}
+
+// chunkInfo is a prefill chunk's place in its prefill (ChunkInfo, by value).
+type chunkInfo struct {
+	index, count uint32
+	final        bool
+}
+
+// limits are a stream's negotiated flow-control limits (FlowControl, by
+// value).
+type limits struct {
+	inflight      uint32
+	chunkBytes    uint64
+	prefillTokens uint32
+}
+
+func (l limits) proto() *shardv1.FlowControl {
+	return &shardv1.FlowControl{
+		CreditsGranted:        l.inflight,
+		MaxInflightChunks:     l.inflight,
+		MaxChunkBytes:         l.chunkBytes,
+		MaxPrefillChunkTokens: l.prefillTokens,
+	}
+}
+
+// rowWantsOutput reports whether row r (0-based within the chunk) produces
+// logits on a last shard.
+func (w *work) rowWantsOutput(r int) bool {
+	if w.outPos == nil {
+		return r == w.tokens-1
+	}
+	p := int32(w.first + r)
+	for _, q := range w.outPos {
+		if q == p {
+			return true
+		}
+	}
+	return false
+}
+
+// outputRows is how many rows produce logits.
+func (w *work) outputRows() int {
+	if w.outPos == nil {
+		return 1
+	}
+	return len(w.outPos)
+}
+
+// releaseInput drops the received message and the tensor view into it.
+func (w *work) releaseInput() {
+	w.hidden.Reset()
+	w.hiddenB, w.tokenIDs = nil, nil
+	if w.in != nil {
+		w.in.Release()
+		inboundPool.Put(w.in)
+		w.in = nil
+	}
+}
+
+// int32s views little-endian int32 bytes as []int32 without copying (the
+// project targets little-endian machines; see checkLittleEndian).
+func int32s(b []byte) []int32 {
+	if len(b) < 4 {
+		return nil
+	}
+	return unsafe.Slice((*int32)(unsafe.Pointer(&b[0])), len(b)/4)
+}
+
+// f32s views little-endian float32 bytes as []float32 without copying.
+func f32s(b []byte) []float32 {
+	if len(b) < 4 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
+}
+
+func init() { checkLittleEndian() }
+
+func checkLittleEndian() {
+	var x uint16 = 1
+	if *(*byte)(unsafe.Pointer(&x)) != 1 {
+		panic("engine: shardd needs a little-endian machine")
+	}
+}
+
+// parseBundle validates a chunk's bundle into w. firstShard says which input
+// tensor the shard takes; hidden its width.
+func (e *Engine) parseBundle(w *work, b *shardv1.TensorBundle, zstdOK bool) error {
+	if b == nil {
+		return wireerr.Errorf(ErrMissingTensor, "no bundle")
+	}
+	if b.BundleVersion > 1 {
+		return wireerr.Errorf(ErrBundleVersion, "version %d", b.BundleVersion)
+	}
+	var haveInput bool
+	for _, nt := range b.Tensors {
+		switch nt.Name {
+		case nameInputIDs, nameHidden:
+			if haveInput {
+				return wireerr.Errorf(ErrUnknownTensor, "two input tensors")
+			}
+			haveInput = true
+			if err := e.parseInput(w, nt, zstdOK); err != nil {
+				return err
+			}
+		case nameOutputPositions:
+			if err := e.parsePositions(w, nt, zstdOK); err != nil {
+				return err
+			}
+		default:
+			return wireerr.Errorf(ErrUnknownTensor, "%.64q", nt.Name)
+		}
+	}
+	if !haveInput {
+		return wireerr.Errorf(ErrMissingTensor, "%s", e.inputName())
+	}
+	return nil
+}
+
+func (e *Engine) inputName() string {
+	if e.info.TokensIn {
+		return nameInputIDs
+	}
+	return nameHidden
+}
+
+// parseInput validates the input tensor of a chunk or decode step.
+func (e *Engine) parseInput(w *work, nt *shardv1.NamedTensor, zstdOK bool) error {
+	if nt.Name != e.inputName() {
+		return wireerr.Errorf(ErrUnknownTensor, "this shard takes %s, got %.64q", e.inputName(), nt.Name)
+	}
+	if err := e.recv.Tensor(&w.hidden, nt, zstdOK); err != nil {
+		return err
+	}
+	body := w.hidden.Contiguous(e.pool)
+	elems := int64(1)
+	for _, d := range w.hidden.Shape {
+		elems *= d
+	}
+	if e.info.TokensIn {
+		if w.hidden.DType != shardv1.DType_DTYPE_INT32 || elems != int64(w.tokens) {
+			return wireerr.Errorf(ErrTensorShape, "input_ids must be INT32 with %d elements", w.tokens)
+		}
+		w.tokenIDs = int32s(body)
+		for _, id := range w.tokenIDs {
+			if id < 0 || int(id) >= e.info.Vocab {
+				return wireerr.Errorf(ErrTokenRange, "token %d, vocabulary %d", id, e.info.Vocab)
+			}
+		}
+		return nil
+	}
+	shape := w.hidden.Shape
+	if len(shape) == 0 || shape[len(shape)-1] != int64(e.info.Hidden) || elems != int64(w.tokens*e.info.Hidden) {
+		return wireerr.Errorf(ErrTensorShape, "hidden_states must be [%d, %d]", w.tokens, e.info.Hidden)
+	}
+	switch w.hidden.DType {
+	case shardv1.DType_DTYPE_BFLOAT16:
+	case shardv1.DType_DTYPE_FLOAT32:
+		w.hiddenF = true
+	default:
+		return wireerr.Errorf(ErrTensorShape, "hidden_states must be BFLOAT16 or FLOAT32, not %s", w.hidden.DType)
+	}
+	w.hiddenB = body
+	return nil
+}
+
+func (e *Engine) parsePositions(w *work, nt *shardv1.NamedTensor, zstdOK bool) error {
+	var t stages.Tensor
+	defer t.Reset()
+	if err := e.recv.Tensor(&t, nt, zstdOK); err != nil {
+		return err
+	}
+	if t.DType != shardv1.DType_DTYPE_INT32 || t.TotalBytes == 0 || t.TotalBytes > uint64(4*w.tokens) {
+		return wireerr.Errorf(ErrTensorShape, "output_positions must be 1..%d INT32 values", w.tokens)
+	}
+	body := t.Contiguous(e.pool)
+	w.outPos = make([]int32, 0, len(body)/4)
+	for i := 0; i+4 <= len(body); i += 4 {
+		p := int32(binary.LittleEndian.Uint32(body[i:]))
+		if int(p) < w.first || int(p) >= w.first+w.tokens {
+			return wireerr.Errorf(ErrTensorShape, "output position %d outside %d..%d", p, w.first, w.first+w.tokens-1)
+		}
+		w.outPos = append(w.outPos, p)
+	}
+	return nil
+}
