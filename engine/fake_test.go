@@ -51,7 +51,7 @@ func (f *fakeBackend) NewBatch() (backend.Batch, error) {
 	return &fakeBatch{max: f.info.MaxBatch}, nil
 }
 func (f *fakeBackend) FreeBatch(backend.Batch) {}
-func (f *fakeBackend) Close() error           { return nil }
+func (f *fakeBackend) Close() error            { return nil }
 
 func (f *fakeBackend) SeqTrim(seq, from int) error {
 	if f.pos[seq] > from {
