@@ -124,13 +124,13 @@ func (st *stream) close() {
 // sendLoop is the only goroutine that calls Send on the stream.
 func (st *stream) sendLoop() {
 	defer close(st.sendDone)
-	var resp shardv1.SessionResponse
+	var out outMsgs
 	for {
 		select {
 		case <-st.ctx.Done():
 			return
 		case r := <-st.replies:
-			err := st.send(&resp, r)
+			err := st.send(&out, r)
 			r.release()
 			if err != nil {
 				st.cancel()
@@ -140,7 +140,27 @@ func (st *stream) sendLoop() {
 	}
 }
 
-func (st *stream) send(resp *shardv1.SessionResponse, r reply) error {
+// outMsgs are the response messages the send goroutine fills and reuses for
+// every reply: gRPC has serialized a message when Send returns.
+type outMsgs struct {
+	resp      shardv1.SessionResponse
+	chunkKind shardv1.SessionResponse_Chunk
+	ackKind   shardv1.SessionResponse_Ack
+	chunk     shardv1.ActivationChunk
+	env       shardv1.Envelope
+	pos       shardv1.PositionSpan
+	expect    shardv1.CacheExpectation
+	info      shardv1.ChunkInfo
+	bundle    shardv1.TensorBundle
+	main      shardv1.NamedTensor
+	positions shardv1.NamedTensor
+	posBytes  []byte
+	ack       shardv1.Ack
+	cache     shardv1.CacheResult
+}
+
+func (st *stream) send(out *outMsgs, r reply) error {
+	resp := &out.resp
 	switch {
 	case r.flush != nil:
 		close(r.flush)
@@ -152,63 +172,66 @@ func (st *stream) send(resp *shardv1.SessionResponse, r reply) error {
 		resp.Kind = &shardv1.SessionResponse_Status{Status: r.status}
 		return st.ss.Send(resp)
 	case r.ack != nil:
-		resp.Kind = &shardv1.SessionResponse_Ack{Ack: r.ack}
+		out.ackKind.Ack = r.ack
+		resp.Kind = &out.ackKind
 		return st.ss.Send(resp)
 	case r.res != nil:
-		return st.sendResult(resp, r.res, r.duplicate)
+		return st.sendResult(out, r.res, r.duplicate)
 	}
 	return nil
 }
 
 // sendResult frames a step's output as an ActivationChunk, then its Ack.
-func (st *stream) sendResult(resp *shardv1.SessionResponse, r *result, dup bool) error {
+func (st *stream) sendResult(out *outMsgs, r *result, dup bool) error {
 	e := st.e
-	chunk := &shardv1.ActivationChunk{
-		Envelope: &shardv1.Envelope{
-			SchemaVersion:     shardv1.SchemaVersion_SCHEMA_VERSION_1,
-			WorkId:            r.workID,
-			RouteSessionId:    r.session,
-			RouteEpoch:        r.epoch,
-			Fingerprint:       e.id.Fingerprint,
-			ShardRange:        e.id.Range,
-			Phase:             r.phase,
-			Position:          &shardv1.PositionSpan{FirstPosition: uint64(r.first), TokenCount: uint32(r.tokens)},
-			IdempotencyStep:   r.step,
-			CacheExpectation:  &shardv1.CacheExpectation{Mode: r.mode},
-			DeadlineUnixNanos: r.deadline,
-		},
-		Bundle: &shardv1.TensorBundle{BundleVersion: 1},
+	env := &out.env
+	*env = shardv1.Envelope{
+		SchemaVersion:     shardv1.SchemaVersion_SCHEMA_VERSION_1,
+		WorkId:            r.workID,
+		RouteSessionId:    r.session,
+		RouteEpoch:        r.epoch,
+		Fingerprint:       e.id.Fingerprint,
+		ShardRange:        e.id.Range,
+		Phase:             r.phase,
+		Position:          &out.pos,
+		IdempotencyStep:   r.step,
+		CacheExpectation:  &out.expect,
+		DeadlineUnixNanos: r.deadline,
 	}
+	out.pos.FirstPosition, out.pos.TokenCount = uint64(r.first), uint32(r.tokens)
+	out.expect.Mode = r.mode
 	if r.chunk.count > 0 {
-		chunk.Envelope.Chunk = &shardv1.ChunkInfo{ChunkIndex: r.chunk.index, ChunkCount: r.chunk.count, FinalChunk: r.chunk.final}
+		out.info.ChunkIndex, out.info.ChunkCount, out.info.FinalChunk = r.chunk.index, r.chunk.count, r.chunk.final
+		env.Chunk = &out.info
 	}
 	var body []byte
 	if r.body != nil {
 		body = r.body.Bytes()
 	}
-	main := &shardv1.NamedTensor{}
-	owned := e.framer.Frame(main, r.name, r.shape[:], r.dtype, body,
+	owned := e.framer.Frame(&out.main, r.name, r.shape[:], r.dtype, body,
 		frameout.Options{AcceptZstd: st.zstdOut, FragmentBytes: fragmentBytes(st.fc.chunkBytes)})
 	defer releaseIf(owned)
-	chunk.Bundle.Tensors = append(chunk.Bundle.Tensors, main)
+	out.bundle.BundleVersion = 1
+	out.bundle.Tensors = append(out.bundle.Tensors[:0], &out.main)
 	if len(r.outPos) > 0 {
-		pos := make([]byte, 0, 4*len(r.outPos))
+		out.posBytes = out.posBytes[:0]
 		for _, p := range r.outPos {
-			pos = append(pos, byte(p), byte(p>>8), byte(p>>16), byte(p>>24))
+			out.posBytes = append(out.posBytes, byte(p), byte(p>>8), byte(p>>16), byte(p>>24))
 		}
-		nt := &shardv1.NamedTensor{}
-		e.framer.Frame(nt, nameOutputPositions, []int64{int64(len(r.outPos))}, shardv1.DType_DTYPE_INT32, pos, frameout.Options{})
-		chunk.Bundle.Tensors = append(chunk.Bundle.Tensors, nt)
+		e.framer.Frame(&out.positions, nameOutputPositions, []int64{int64(len(r.outPos))}, shardv1.DType_DTYPE_INT32, out.posBytes, frameout.Options{})
+		out.bundle.Tensors = append(out.bundle.Tensors, &out.positions)
 	}
-	resp.Kind = &shardv1.SessionResponse_Chunk{Chunk: chunk}
-	if err := st.ss.Send(resp); err != nil {
+	out.chunk.Envelope, out.chunk.Bundle = env, &out.bundle
+	out.chunkKind.Chunk = &out.chunk
+	out.resp.Kind = &out.chunkKind
+	if err := st.ss.Send(&out.resp); err != nil {
 		return err
 	}
-	resp.Kind = &shardv1.SessionResponse_Ack{Ack: &shardv1.Ack{
-		WorkId: r.workID, IdempotencyStep: r.step, Duplicate: dup, ExecutionNanos: r.execNanos,
-		CacheResult: &shardv1.CacheResult{Mode: r.mode, PastLen: r.pastLen, CacheHit: r.cacheHit},
-	}}
-	return st.ss.Send(resp)
+	out.cache = shardv1.CacheResult{Mode: r.mode, PastLen: r.pastLen, CacheHit: r.cacheHit}
+	out.ack = shardv1.Ack{WorkId: r.workID, IdempotencyStep: r.step, Duplicate: dup, ExecutionNanos: r.execNanos, CacheResult: &out.cache}
+	out.ackKind.Ack = &out.ack
+	out.resp.Kind = &out.ackKind
+	return st.ss.Send(&out.resp)
 }
 
 // fragmentBytes leaves room for the envelope within max_chunk_bytes.

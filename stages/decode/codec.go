@@ -60,6 +60,7 @@ func (in *Inbound) Release() {
 	if in.buf == nil {
 		return
 	}
+	scrub(in.Msg)
 	if k, ok := in.Msg.Kind.(*shardv1.SessionRequest_Decode); ok {
 		k.Decode.ResetVT()
 		in.spare = k
@@ -68,6 +69,34 @@ func (in *Inbound) Release() {
 	in.Msg.ResetVT()
 	in.buf.Free()
 	in.buf = nil
+}
+
+// scrub drops every byte field that may alias the receive buffer before the
+// message's parts go back to vtprotobuf's pools. The generated ResetVT keeps
+// a bytes field's capacity (Payload[:0]) for reuse; a pooled object that
+// still pointed into a released receive buffer would let the next safe
+// UnmarshalVT append into memory that now belongs to someone else.
+func scrub(m *shardv1.SessionRequest) {
+	switch k := m.Kind.(type) {
+	case *shardv1.SessionRequest_Decode:
+		scrubTensor(k.Decode.GetTensor())
+	case *shardv1.SessionRequest_Chunk:
+		for _, nt := range k.Chunk.GetBundle().GetTensors() {
+			scrubTensor(nt)
+		}
+	}
+}
+
+func scrubTensor(nt *shardv1.NamedTensor) {
+	if nt == nil {
+		return
+	}
+	for _, f := range nt.Fragments {
+		f.Payload = nil
+	}
+	if nt.Checksum != nil {
+		nt.Checksum.Value = nil
+	}
 }
 
 // Len is the size of the received message in bytes.
@@ -105,6 +134,14 @@ func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
 	switch m := v.(type) {
 	case vtMessage:
 		size := m.SizeVT()
+		if mem.IsBelowBufferPoolingThreshold(size) {
+			// gRPC never returns buffers this small to a pool.
+			b := make([]byte, size)
+			if _, err := m.MarshalToSizedBufferVT(b); err != nil {
+				return nil, fmt.Errorf("decode: marshal %T: %w", v, err)
+			}
+			return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+		}
 		buf := c.Pool.Get(size)
 		if _, err := m.MarshalToSizedBufferVT((*buf)[:size]); err != nil {
 			c.Pool.Put(buf)

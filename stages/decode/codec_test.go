@@ -227,3 +227,32 @@ func TestInboundReuseAcrossKinds(t *testing.T) {
 		in.Release()
 	}
 }
+
+// TestReleaseScrubsAliases: pooled parts must not keep pointing into the
+// released receive buffer (ResetVT keeps a bytes field's capacity, and a later
+// safe UnmarshalVT appends into it).
+func TestReleaseScrubsAliases(t *testing.T) {
+	pool := bufpooltest.New(t)
+	wire, _ := decodeStepWire(t, 1024)
+	req := &shardv1.SessionRequest{}
+	if err := req.UnmarshalVT(wire); err != nil {
+		t.Fatal(err)
+	}
+	req.GetDecode().Tensor.Checksum = &shardv1.Checksum{Algorithm: 2, Value: []byte{1, 2, 3, 4}}
+	wire, _ = req.MarshalVT()
+	data := mem.BufferSlice{mem.Copy(wire, pool)}
+	var in Inbound
+	if err := (Codec{Pool: pool}).Unmarshal(data, &in); err != nil {
+		t.Fatal(err)
+	}
+	data.Free()
+	frag := in.Msg.GetDecode().GetTensor().GetFragments()[0]
+	sum := in.Msg.GetDecode().GetTensor().GetChecksum()
+	if len(frag.Payload) == 0 || len(sum.Value) != 4 {
+		t.Fatal("setup: fields empty")
+	}
+	in.Release()
+	if cap(frag.Payload) != 0 || cap(sum.Value) != 0 {
+		t.Fatalf("released parts still alias the receive buffer: payload cap %d, checksum cap %d", cap(frag.Payload), cap(sum.Value))
+	}
+}

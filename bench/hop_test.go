@@ -1,0 +1,235 @@
+package bench
+
+import (
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"io"
+	"log/slog"
+
+	"github.com/meshnet/shardd/backend"
+	"github.com/meshnet/shardd/bufpool"
+	"github.com/meshnet/shardd/engine"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/stages/decode"
+	"github.com/meshnet/shardd/stages/frameout"
+)
+
+// shardClient is a head's stream to one worker, using the project's codec.
+type shardClient struct {
+	stream grpc.BidiStreamingClient[shardv1.SessionRequest, shardv1.SessionResponse]
+	id     engine.Identity
+}
+
+// startShard serves be through an engine on loopback and opens a session.
+func startShard(b *testing.B, be backend.Backend, meta gguf.Meta, cfg engine.Config) *shardClient {
+	eng := engine.New(cfg, be, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := grpc.NewServer(eng.ServerOptions()...)
+	shardv1.RegisterShardRuntimeServer(srv, eng)
+	go srv.Serve(lis)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(decode.Codec{Pool: bufpool.Default}), grpc.MaxCallSendMsgSize(64<<20), grpc.MaxCallRecvMsgSize(64<<20)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	stream, err := shardv1.NewShardRuntimeClient(conn).Session(b.Context())
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := eng.Identity()
+	if err := stream.Send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Open{Open: &shardv1.SessionOpen{
+		SchemaVersion: 1, RouteSessionId: "bench", RouteEpoch: 1, Fingerprint: id.Fingerprint, ShardRange: id.Range,
+	}}}); err != nil {
+		b.Fatal(err)
+	}
+	if resp, err := stream.Recv(); err != nil || resp.GetAccepted() == nil {
+		b.Fatalf("open: %v %v", resp, err)
+	}
+	b.Cleanup(func() {
+		stream.CloseSend()
+		for {
+			if _, err := stream.Recv(); err != nil {
+				break
+			}
+		}
+		conn.Close()
+		srv.Stop()
+		eng.Close()
+	})
+	return &shardClient{stream: stream, id: id}
+}
+
+// untilAck reads responses up to the next Ack (or fails on a status).
+func (c *shardClient) untilAck(b *testing.B) *shardv1.Ack {
+	for {
+		resp, err := c.stream.Recv()
+		if err != nil {
+			b.Fatal(err)
+		}
+		switch k := resp.Kind.(type) {
+		case *shardv1.SessionResponse_Ack:
+			return k.Ack
+		case *shardv1.SessionResponse_Status:
+			b.Fatalf("refused: %v", k.Status)
+		}
+	}
+}
+
+func percentile(d []time.Duration, p float64) float64 {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return float64(s[min(len(s)-1, int(p*float64(len(s))))].Nanoseconds())
+}
+
+// BenchmarkDecodeHop: one decode step (1 token x 4096 hidden, bf16) through
+// a worker with a no-op backend, request to Ack, against a raw gRPC bidi
+// ping-pong of the same bytes each way, in the same run. Target: p50 <=
+// 1.5x raw (goal 1.2x).
+func BenchmarkDecodeHop(b *testing.B) {
+	const hidden = 4096
+	body := make([]byte, 2*hidden)
+	for i := range body {
+		body[i] = byte(i)
+	}
+	b.Run("shardd", func(b *testing.B) {
+		c := startShard(b, newNoop(hidden, false), noopMeta(), engine.Config{})
+		f := frameout.New(bufpool.Default)
+		defer f.Close()
+		step := &shardv1.DecodeStep{WorkId: "bench", Tensor: &shardv1.NamedTensor{}}
+		f.Frame(step.Tensor, "hidden_states", []int64{1, 1, hidden}, shardv1.DType_DTYPE_BFLOAT16, body, frameout.Options{})
+		req := &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: step}}
+		// Prefill one token so decode steps have a session to continue.
+		prefill := &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Chunk{Chunk: &shardv1.ActivationChunk{
+			Envelope: &shardv1.Envelope{SchemaVersion: 1, WorkId: "p", RouteSessionId: "bench", RouteEpoch: 1,
+				Fingerprint: c.id.Fingerprint, ShardRange: c.id.Range, Phase: shardv1.Phase_PHASE_PREFILL,
+				Position: &shardv1.PositionSpan{TokenCount: 1}, IdempotencyStep: 1,
+				CacheExpectation: &shardv1.CacheExpectation{Mode: shardv1.CacheMode_CACHE_MODE_PREFILL}},
+			Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: []*shardv1.NamedTensor{step.Tensor}},
+		}}}
+		if err := c.stream.Send(prefill); err != nil {
+			b.Fatal(err)
+		}
+		c.untilAck(b)
+		lat := make([]time.Duration, 0, 1<<16)
+		pos := uint64(1)
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			step.IdempotencyStep, step.Position, step.ExpectedPastLen = pos+1, pos, pos
+			t0 := time.Now()
+			if err := c.stream.Send(req); err != nil {
+				b.Fatal(err)
+			}
+			c.untilAck(b)
+			lat = append(lat, time.Since(t0))
+			pos++
+		}
+		b.ReportMetric(percentile(lat, 0.5), "p50-ns")
+		b.ReportMetric(percentile(lat, 0.99), "p99-ns")
+	})
+	b.Run("raw-grpc", func(b *testing.B) {
+		cs := startRaw(b, len(body))
+		msg := slices.Clone(body)
+		var in []byte
+		lat := make([]time.Duration, 0, 1<<16)
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			t0 := time.Now()
+			if err := cs.SendMsg(&msg); err != nil {
+				b.Fatal(err)
+			}
+			if err := cs.RecvMsg(&in); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		b.ReportMetric(percentile(lat, 0.5), "p50-ns")
+		b.ReportMetric(percentile(lat, 0.99), "p99-ns")
+	})
+}
+
+// BenchmarkPrefillIngest: 64 MiB of hidden states in 4 MiB chunks (512
+// tokens x 4096 bf16 each) into a last-shard worker with a no-op backend,
+// eight chunks in flight, against raw gRPC streaming of the same messages
+// with an 8-deep window, in the same run. Target: >= 0.8x raw throughput.
+func BenchmarkPrefillIngest(b *testing.B) {
+	const (
+		hidden = 4096
+		tokens = 512
+		chunks = 16
+		window = 8
+	)
+	body := make([]byte, 2*hidden*tokens)
+	for i := range body {
+		body[i] = byte(i * 7)
+	}
+	b.Run("shardd", func(b *testing.B) {
+		c := startShard(b, newNoop(hidden, true), noopMeta(), engine.Config{
+			MaxChunkBytes: 8 << 20, MaxPrefillChunkTokens: tokens, MaxInflightChunks: window,
+			IterationTokens: tokens, PrefillIterationTokens: tokens,
+		})
+		f := frameout.New(bufpool.Default)
+		defer f.Close()
+		nt := &shardv1.NamedTensor{}
+		f.Frame(nt, "hidden_states", []int64{tokens, hidden}, shardv1.DType_DTYPE_BFLOAT16, body, frameout.Options{})
+		env := &shardv1.Envelope{SchemaVersion: 1, WorkId: "p", RouteSessionId: "bench", RouteEpoch: 1,
+			Fingerprint: c.id.Fingerprint, ShardRange: c.id.Range, Phase: shardv1.Phase_PHASE_PREFILL,
+			Position:         &shardv1.PositionSpan{TokenCount: tokens},
+			CacheExpectation: &shardv1.CacheExpectation{Mode: shardv1.CacheMode_CACHE_MODE_PREFILL},
+			Chunk:            &shardv1.ChunkInfo{ChunkCount: chunks}}
+		req := &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Chunk{Chunk: &shardv1.ActivationChunk{
+			Envelope: env, Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: []*shardv1.NamedTensor{nt}}}}}
+		step := uint64(0)
+		b.SetBytes(int64(chunks * len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			sent, acked := 0, 0
+			for acked < chunks {
+				for sent < chunks && sent-acked < window {
+					step++
+					env.IdempotencyStep = step
+					env.Position.FirstPosition = uint64(sent * tokens)
+					env.Chunk.ChunkIndex, env.Chunk.FinalChunk = uint32(sent), sent == chunks-1
+					if err := c.stream.Send(req); err != nil {
+						b.Fatal(err)
+					}
+					sent++
+				}
+				c.untilAck(b)
+				acked++
+			}
+		}
+	})
+	b.Run("raw-grpc", func(b *testing.B) {
+		cs := startRaw(b, 64)
+		msg := slices.Clone(body)
+		var in []byte
+		b.SetBytes(int64(chunks * len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			sent, acked := 0, 0
+			for acked < chunks {
+				for sent < chunks && sent-acked < window {
+					if err := cs.SendMsg(&msg); err != nil {
+						b.Fatal(err)
+					}
+					sent++
+				}
+				if err := cs.RecvMsg(&in); err != nil {
+					b.Fatal(err)
+				}
+				acked++
+			}
+		}
+	})
+}
