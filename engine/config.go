@@ -18,10 +18,14 @@ type Config struct {
 	// IterationTokens: the token budget of one scheduler iteration while a
 	// decode step waits: decode rows first, prefill tokens fill the rest.
 	IterationTokens int
-	// PrefillIterationTokens: the budget of an iteration that carries no
-	// decode step (prefill only). Larger is better throughput; it bounds how
-	// long a decode arriving mid-iteration waits.
+	// PrefillIterationTokens: the budget of a prefill-only iteration while no
+	// session is decoding. Larger is better prefill throughput.
 	PrefillIterationTokens int
+	// DecodeQuiet: for this long after a decode step ran, prefill-only
+	// iterations keep the small IterationTokens budget, since another
+	// decode step is likely on its way and must not wait behind a long
+	// iteration. Cover the time a step takes to come back around the route.
+	DecodeQuiet time.Duration
 	// Flow control this worker offers; a session gets the smaller of these
 	// and what the initiator proposes.
 	MaxInflightChunks     uint32
@@ -50,8 +54,11 @@ func (c Config) Defaults() Config {
 	}
 	set(&c.MaxSessions, 16)
 	set(&c.MaxQueue, 256)
-	set(&c.IterationTokens, 32)
+	set(&c.IterationTokens, 4)
 	set(&c.PrefillIterationTokens, 128)
+	if c.DecodeQuiet == 0 {
+		c.DecodeQuiet = 250 * time.Millisecond
+	}
 	if c.SessionTTL == 0 {
 		c.SessionTTL = 10 * time.Minute
 	}

@@ -29,6 +29,10 @@ type scheduler struct {
 	planned []planned
 	scratch int   // the sequence kept for STATELESS work
 	owner   *work // the STATELESS item holding scratch
+	// lastDecode is when a decode step last ran. Until DecodeQuiet after
+	// it, prefill-only iterations stay small too, so a decode step that
+	// arrives between steps never waits behind a long prefill iteration.
+	lastDecode time.Time
 }
 
 type sessQueue struct {
@@ -162,8 +166,12 @@ func (s *scheduler) iterate() {
 			break
 		}
 	}
+	now := time.Now()
 	budget := e.cfg.PrefillIterationTokens
-	if len(decodes) > 0 {
+	switch {
+	case len(decodes) > 0:
+		budget, s.lastDecode = e.cfg.IterationTokens, now
+	case now.Sub(s.lastDecode) < e.cfg.DecodeQuiet:
 		budget = e.cfg.IterationTokens
 	}
 	budget = min(budget, e.info.MaxBatch)
@@ -447,7 +455,9 @@ func (s *scheduler) admit(w *work) admitResult {
 				return drop(err)
 			}
 			ok = true
-		} else if !ok || sess.PastLen != w.first || sess.PrefillDone {
+		} else if !ok || sess.PastLen != w.first {
+			// A later chunk, or a follow-up prompt appended to a finished
+			// one: either way it must start exactly where the cache ends.
 			w.expected = uint64(w.first)
 			return miss()
 		}

@@ -40,8 +40,9 @@ func runServe(args []string) error {
 	sessions := fs.Int("max-sessions", 16, "route sessions holding KV state at once (<= 255)")
 	ctxTokens := fs.Int("ctx-tokens", 0, "KV capacity in tokens shared by all sessions (0: the model's context length)")
 	batch := fs.Int("max-batch", 256, "most token rows in one forward call")
-	iterTokens := fs.Int("iteration-tokens", 32, "token budget of an iteration that carries decode steps")
-	prefillTokens := fs.Int("prefill-iteration-tokens", 128, "token budget of a prefill-only iteration")
+	iterTokens := fs.Int("iteration-tokens", 4, "token budget of an iteration while sessions are decoding (decode steps first, prefill fills the rest)")
+	prefillTokens := fs.Int("prefill-iteration-tokens", 128, "token budget of a prefill-only iteration while no session is decoding")
+	decodeQuiet := fs.Duration("decode-quiet", 250*time.Millisecond, "how long after a decode step iterations stay at --iteration-tokens")
 	queue := fs.Int("max-queue", 256, "work items queued across all sessions before RESOURCE_EXHAUSTED")
 	inflight := fs.Uint("max-inflight", 8, "un-acked chunks one session may have outstanding")
 	chunkBytes := fs.Uint64("max-chunk-bytes", 8<<20, "largest serialized chunk message")
@@ -88,7 +89,7 @@ func runServe(args []string) error {
 
 	eng := engine.New(engine.Config{
 		MaxSessions: *sessions, SessionTTL: *ttl, MaxQueue: *queue,
-		IterationTokens: *iterTokens, PrefillIterationTokens: *prefillTokens,
+		IterationTokens: *iterTokens, PrefillIterationTokens: *prefillTokens, DecodeQuiet: *decodeQuiet,
 		MaxInflightChunks: uint32(*inflight), MaxChunkBytes: *chunkBytes, MaxPrefillChunkTokens: uint32(*chunkTokens),
 		RequireChecksum: *requireCRC, Boundary: bd, Version: version,
 	}, be, meta, log)

@@ -1,0 +1,204 @@
+package bench
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/meshnet/shardd/backend/llamacpp"
+	"github.com/meshnet/shardd/bufpool"
+	"github.com/meshnet/shardd/engine"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/stages/decode"
+	"github.com/meshnet/shardd/stages/frameout"
+)
+
+// benchModel is the bench preset, cached between runs.
+func benchModel(b *testing.B) string {
+	p, err := gguf.CachedPreset(filepath.Join(os.TempDir(), "shardd-bench-models"), "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// headSession is a minimal head on one stream, sending token ids.
+type headSession struct {
+	stream grpc.BidiStreamingClient[shardv1.SessionRequest, shardv1.SessionResponse]
+	id     engine.Identity
+	name   string
+	framer *frameout.Framer
+	step   uint64
+}
+
+func openHead(b *testing.B, ctx context.Context, c shardv1.ShardRuntimeClient, id engine.Identity, name string) *headSession {
+	stream, err := c.Session(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	stream.Send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Open{Open: &shardv1.SessionOpen{
+		SchemaVersion: 1, RouteSessionId: name, RouteEpoch: 1, Fingerprint: id.Fingerprint, ShardRange: id.Range}}})
+	if resp, err := stream.Recv(); err != nil || resp.GetAccepted() == nil {
+		b.Fatalf("open: %v %v", resp, err)
+	}
+	return &headSession{stream: stream, id: id, name: name, framer: frameout.New(bufpool.Default)}
+}
+
+// run sends ids at position first (a prefill chunk, or a decode step when
+// decode) and waits for the Ack.
+func (h *headSession) run(first int, ids []int32, decode bool) error {
+	h.step++
+	body := make([]byte, 0, 4*len(ids))
+	for _, id := range ids {
+		body = binary.LittleEndian.AppendUint32(body, uint32(id))
+	}
+	nt := &shardv1.NamedTensor{}
+	h.framer.Frame(nt, "input_ids", []int64{int64(len(ids))}, shardv1.DType_DTYPE_INT32, body, frameout.Options{})
+	var req *shardv1.SessionRequest
+	if decode {
+		req = &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
+			IdempotencyStep: h.step, Position: uint64(first), ExpectedPastLen: uint64(first), Tensor: nt}}}
+	} else {
+		req = &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Chunk{Chunk: &shardv1.ActivationChunk{
+			Envelope: &shardv1.Envelope{SchemaVersion: 1, RouteSessionId: h.name, RouteEpoch: 1, Fingerprint: h.id.Fingerprint,
+				ShardRange: h.id.Range, Phase: shardv1.Phase_PHASE_PREFILL, IdempotencyStep: h.step,
+				Position:         &shardv1.PositionSpan{FirstPosition: uint64(first), TokenCount: uint32(len(ids))},
+				CacheExpectation: &shardv1.CacheExpectation{Mode: shardv1.CacheMode_CACHE_MODE_PREFILL}},
+			Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: []*shardv1.NamedTensor{nt}}}}}
+	}
+	if err := h.stream.Send(req); err != nil {
+		return err
+	}
+	for {
+		resp, err := h.stream.Recv()
+		if err != nil {
+			return err
+		}
+		switch k := resp.Kind.(type) {
+		case *shardv1.SessionResponse_Ack:
+			return nil
+		case *shardv1.SessionResponse_Status:
+			return fmt.Errorf("refused: %v", k.Status)
+		}
+	}
+}
+
+// BenchmarkDecodeUnderPrefill: decode-step latency of one session on the
+// bench preset (real llama.cpp), idle and while 4 other sessions stream long
+// prefills, in the same run. Target: loaded p99 <= 3x idle p99 (goal 1.5x).
+func BenchmarkDecodeUnderPrefill(b *testing.B) {
+	model := benchModel(b)
+	iterTokens := 0 // the engine's default
+	if v := os.Getenv("SHARDD_BENCH_ITERATION_TOKENS"); v != "" {
+		fmt.Sscan(v, &iterTokens)
+	}
+	for _, load := range []int{0, 4} {
+		b.Run(fmt.Sprintf("prefilling=%d", load), func(b *testing.B) {
+			meta, err := gguf.Read(model)
+			if err != nil {
+				b.Fatal(err)
+			}
+			be, err := llamacpp.OpenMeta(llamacpp.Config{Path: model, Threads: 2, MaxSeqs: 8, CtxTokens: 8192, MaxBatch: 256}, meta)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer be.Close()
+			eng := engine.New(engine.Config{MaxSessions: 7, IterationTokens: iterTokens}, be, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			defer eng.Close()
+			lis, _ := net.Listen("tcp", "127.0.0.1:0")
+			srv := grpc.NewServer(eng.ServerOptions()...)
+			shardv1.RegisterShardRuntimeServer(srv, eng)
+			go srv.Serve(lis)
+			defer srv.Stop()
+			conn, _ := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithDefaultCallOptions(grpc.ForceCodecV2(decode.Codec{Pool: bufpool.Default})))
+			defer conn.Close()
+			client := shardv1.NewShardRuntimeClient(conn)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+
+			var wg sync.WaitGroup
+			var prefilled atomic.Int64
+			errs := make(chan error, load)
+			started := make(chan struct{}, load)
+			for i := range load {
+				h := openHead(b, ctx, client, eng.Identity(), fmt.Sprintf("prefill-%d", i))
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ids := make([]int32, 128)
+					for j := range ids {
+						ids[j] = int32((i*131 + j*7) % 32000)
+					}
+					once := false
+					for ctx.Err() == nil {
+						// A 1024-token prompt in 128-token chunks, again and again.
+						for first := 0; first < 1024 && ctx.Err() == nil; first += 128 {
+							if err := h.run(first, ids, false); err != nil {
+								if ctx.Err() == nil {
+									errs <- err
+								}
+								return
+							}
+							prefilled.Add(int64(len(ids)))
+							if !once {
+								started <- struct{}{}
+								once = true
+							}
+						}
+					}
+				}()
+			}
+			for range load {
+				<-started
+			}
+			h := openHead(b, ctx, client, eng.Identity(), "decoder")
+			if err := h.run(0, []int32{1, 2, 3, 4}, false); err != nil {
+				b.Fatal(err)
+			}
+			pos := 4
+			lat := make([]time.Duration, 0, 1024)
+			prefilled.Store(0)
+			t0 := time.Now()
+			for b.Loop() {
+				if pos == 1000 {
+					if err := h.run(0, []int32{1, 2, 3, 4}, false); err != nil {
+						b.Fatal(err)
+					}
+					pos = 4
+				}
+				t0 := time.Now()
+				if err := h.run(pos, []int32{int32(pos % 32000)}, true); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(t0))
+				pos++
+			}
+			elapsed := time.Since(t0)
+			done := prefilled.Load()
+			cancel()
+			wg.Wait()
+			select {
+			case err := <-errs:
+				b.Fatalf("prefill session failed: %v", err)
+			default:
+			}
+			b.ReportMetric(float64(done)/elapsed.Seconds(), "prefill-tok/s")
+			b.ReportMetric(percentile(lat, 0.5), "p50-ns")
+			b.ReportMetric(percentile(lat, 0.99), "p99-ns")
+		})
+	}
+}
