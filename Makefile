@@ -94,13 +94,12 @@ fuzz: deps
 	  $(GO) test -tags invariants -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
 
 ## demo: the first command to run. Builds shardd, generates the tiny model,
-## splits it and proves the splits compute the whole model's logits.
+## splits it in two, serves each half with its own shardd on loopback,
+## generates through the route and checks the tokens against the unsplit
+## model ("match").
 DEMO_DIR ?= $(CURDIR)/out/demo
 demo: build
-	@mkdir -p $(DEMO_DIR)
-	$(BIN)/shardd gen-model --preset tiny --out $(DEMO_DIR)/tiny.gguf
-	$(BIN)/shardd split --model $(DEMO_DIR)/tiny.gguf --shards 2 --out-dir $(DEMO_DIR)
-	$(BIN)/shardd verify --model $(DEMO_DIR)/tiny.gguf --shards 2,3
+	@scripts/demo.sh $(BIN)/shardd $(DEMO_DIR)
 
 ## test: what CI runs.
 test: check-generate vet unit fuzz

@@ -40,6 +40,9 @@ type Meta struct {
 	ContextLen   int
 	FileType     string
 	Tensors      int
+	// Tokenizer is tokenizer.ggml.model: "none" when the file carries no
+	// vocabulary (generated models, middle shards).
+	Tokenizer string
 
 	// The range this file holds within its source model, [Start, End) of
 	// Total layers. A file without shardd metadata is a whole model:
@@ -81,6 +84,7 @@ func Read(path string) (Meta, error) {
 		ContextLen:   int(kv.ContextLength()),
 		FileType:     weightTypes(g.Tensors().Items()),
 		Tensors:      len(g.Tensors().Items()),
+		Tokenizer:    kv.String("tokenizer.ggml.model"),
 	}
 	if ff := kv.FFNLength(); len(ff) > 0 {
 		m.FFNLen = int(ff[0])

@@ -64,6 +64,15 @@ type Config struct {
 
 var initOnce sync.Once
 
+// backendInit sets llama.cpp's logger and initialises its backends, once.
+func backendInit(verbose bool) {
+	v := 0
+	if verbose {
+		v = 1
+	}
+	C.shardd_backend_init(C.int(v))
+}
+
 // Backend is a loaded shard. It is not safe for concurrent use.
 type Backend struct {
 	info  backend.Info
@@ -86,13 +95,7 @@ func Open(cfg Config) (*Backend, error) {
 
 // OpenMeta is Open for a file whose metadata the caller already read.
 func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
-	initOnce.Do(func() {
-		v := 0
-		if cfg.Verbose {
-			v = 1
-		}
-		C.shardd_backend_init(C.int(v))
-	})
+	initOnce.Do(func() { backendInit(cfg.Verbose) })
 	if cfg.Threads <= 0 {
 		cfg.Threads = runtime.NumCPU()
 	}

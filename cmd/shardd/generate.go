@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/meshnet/shardd/backend/llamacpp"
+	"github.com/meshnet/shardd/route"
+	"github.com/meshnet/shardd/verify"
+)
+
+func init() {
+	register(command{name: "generate", summary: "drive a generation through a route of shardd workers", run: runGenerate})
+}
+
+func runGenerate(args []string) error {
+	fs := newFlags("generate", "--route ADDR1,ADDR2[,...] (--prompt-tokens 1,2,3 | --prompt TEXT --tokenizer FILE.gguf) [flags]",
+		"Sends the prompt through the route (first worker first), samples at the head, streams tokens\n"+
+			"as they come, and prints per-hop and total timing at the end.")
+	routeFlag := fs.String("route", "", "comma-separated worker addresses, in layer order")
+	promptTokens := fs.String("prompt-tokens", "", "comma-separated prompt token ids")
+	prompt := fs.String("prompt", "", "prompt text (needs --tokenizer)")
+	tokenizer := fs.String("tokenizer", "", "GGUF whose vocabulary tokenizes --prompt and prints tokens (a vocab-only load)")
+	maxTokens := fs.Int("max-tokens", 16, "tokens to generate")
+	temperature := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
+	topK := fs.Int("top-k", 0, "keep the K most likely tokens (0: all)")
+	topP := fs.Float64("top-p", 0, "nucleus sampling threshold (0: off)")
+	seed := fs.Uint64("seed", 1, "sampling seed")
+	chunk := fs.Int("prefill-chunk", 0, "tokens per prefill chunk (0: what the workers grant, at most 128)")
+	timeout := fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker")
+	verifyModel := fs.String("verify-model", "", "whole-model GGUF: also generate greedily in this process and check the tokens match")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := required(fs, "route"); err != nil {
+		return err
+	}
+	var tok *llamacpp.Tokenizer
+	if *tokenizer != "" {
+		var err error
+		if tok, err = llamacpp.OpenTokenizer(*tokenizer); err != nil {
+			return err
+		}
+		defer tok.Close()
+	}
+	var ids []int32
+	switch {
+	case *promptTokens != "":
+		for _, s := range splitList(*promptTokens) {
+			v, err := strconv.ParseInt(s, 10, 32)
+			if err != nil {
+				return fmt.Errorf("bad --prompt-tokens item %q", s)
+			}
+			ids = append(ids, int32(v))
+		}
+	case *prompt != "" && tok != nil:
+		var err error
+		if ids, err = tok.Encode(*prompt); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("give --prompt-tokens, or --prompt with --tokenizer")
+	}
+	if *verifyModel != "" && *temperature != 0 {
+		return fmt.Errorf("--verify-model compares greedy generations; leave --temperature at 0")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	r, err := route.Dial(ctx, splitList(*routeFlag), route.Options{StepTimeout: *timeout, PrefillChunk: *chunk})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	fmt.Printf("route: %d hops, prompt of %d tokens\n", len(r.Hops), len(ids))
+	var got []int32
+	req := route.Request{Prompt: ids, MaxTokens: *maxTokens,
+		Sampling: route.Sampling{Temperature: *temperature, TopK: *topK, TopP: *topP, Seed: *seed}}
+	if tok != nil {
+		req.Stop = tok.EndOfGeneration
+	}
+	st, err := r.Generate(ctx, req, func(t int32) error {
+		got = append(got, t)
+		if tok != nil {
+			fmt.Printf("%s", tok.Piece(t))
+		} else {
+			fmt.Printf("%d ", t)
+		}
+		return nil
+	})
+	fmt.Println()
+	if err != nil {
+		return err
+	}
+	printStats(st)
+	if *verifyModel != "" {
+		want, err := verify.Greedy(*verifyModel, ids, len(got), 0)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("MISMATCH: the route generated %v, the whole model %v", got, want)
+		}
+		fmt.Printf("tokens: %v\nmatch: the route's tokens equal the unsplit model's\n", got)
+	}
+	return nil
+}
+
+func printStats(st route.Stats) {
+	per := func(d time.Duration, n int) string {
+		if n == 0 {
+			return "-"
+		}
+		return (d / time.Duration(n)).Round(time.Microsecond).String()
+	}
+	decodeTokens := max(st.Tokens-1, 0)
+	fmt.Printf("session %s: %d prompt tokens, %d generated\n", st.SessionID, st.PromptTokens, st.Tokens)
+	fmt.Printf("time to first token %s; decode %s", st.Prefill.Round(time.Millisecond), st.Decode.Round(time.Millisecond))
+	if decodeTokens > 0 && st.Decode > 0 {
+		fmt.Printf(" (%.1f tokens/s)", float64(decodeTokens)/st.Decode.Seconds())
+	}
+	fmt.Println()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-22s %6s %12s %12s %12s\n", "hop", "calls", "wall/call", "exec/call", "overhead")
+	for _, h := range st.Hops {
+		fmt.Fprintf(&b, "%-22s %6d %12s %12s %12s\n", h.Addr, h.Calls, per(h.Wall, h.Calls), per(h.Exec, h.Calls), per(h.Wall-h.Exec, h.Calls))
+	}
+	fmt.Print(b.String())
+	if st.Retries+st.Recoveries+st.DuplicateAcks > 0 {
+		fmt.Printf("retries %d, re-prefills after cache miss %d, duplicate acks %d\n", st.Retries, st.Recoveries, st.DuplicateAcks)
+	}
+}

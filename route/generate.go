@@ -1,0 +1,380 @@
+package route
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/meshnet/shardd/bufpool"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/wireerr"
+	"github.com/meshnet/shardd/stages"
+	"github.com/meshnet/shardd/stages/checksum"
+	"github.com/meshnet/shardd/stages/dtype"
+	"github.com/meshnet/shardd/stages/frameout"
+	"github.com/meshnet/shardd/stages/reassemble"
+	"github.com/meshnet/shardd/stages/receive"
+)
+
+// Request is one generation.
+type Request struct {
+	Prompt    []int32
+	MaxTokens int
+	Sampling  Sampling
+	// Stop ends the generation after a token for which it returns true
+	// (an end-of-generation token); nil never stops early.
+	Stop func(tok int32) bool
+}
+
+// HopStats is what one hop cost during a generation.
+type HopStats struct {
+	Addr  string
+	Calls int
+	// Wall is the time from sending a unit of work to its Ack, seen by the
+	// head; Exec is the execution time the worker reported.
+	Wall, Exec time.Duration
+}
+
+// Stats describe a finished generation.
+type Stats struct {
+	SessionID      string
+	PromptTokens   int
+	Tokens         int
+	Prefill        time.Duration // until the first token was sampled
+	Decode         time.Duration // the rest
+	Hops           []HopStats
+	Retries        int // steps resent after a transport error
+	Recoveries     int // full re-prefills after a CACHE_MISS
+	DuplicateAcks  int
+	RefusedDetails []string
+}
+
+// hopStream is one generation's Session stream to one hop.
+type hopStream struct {
+	hop    *Hop
+	stream grpc.BidiStreamingClient[shardv1.SessionRequest, shardv1.SessionResponse]
+	cancel context.CancelFunc
+	limits *shardv1.FlowControl
+}
+
+type gen struct {
+	r       *Route
+	ctx     context.Context
+	id      string
+	epoch   uint64
+	step    uint64
+	streams []*hopStream
+	stats   Stats
+	framer  *frameout.Framer
+	recv    *receive.Pipeline
+	logits  []float32
+	chunk   int
+}
+
+// Generate runs one generation, calling emit with each token as it is
+// sampled. It returns when MaxTokens were produced, Stop said so, emit
+// failed or ctx ended; the session's state is released on every hop.
+func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) error) (Stats, error) {
+	if len(req.Prompt) == 0 {
+		return Stats{}, errors.New("route: empty prompt")
+	}
+	g := &gen{r: r, ctx: ctx, id: newSessionID(), epoch: 1, framer: frameout.New(bufpool.Default),
+		recv: receive.New(receive.Config{Budget: reassemble.Budget{MaxTensorBytes: 256 << 20}, Checksum: checksum.Policy{Require: true}}, bufpool.Default)}
+	defer g.framer.Close()
+	defer g.recv.Close()
+	g.stats.SessionID, g.stats.PromptTokens = g.id, len(req.Prompt)
+	for _, h := range r.Hops {
+		g.stats.Hops = append(g.stats.Hops, HopStats{Addr: h.Addr})
+	}
+	g.streams = make([]*hopStream, len(r.Hops))
+	defer g.close()
+	for i := range r.Hops {
+		if err := g.open(i); err != nil {
+			return g.stats, err
+		}
+	}
+	g.chunk = g.chunkSize()
+
+	start := time.Now()
+	fed := append([]int32(nil), req.Prompt...)
+	logits, err := g.prefill(fed)
+	if err != nil {
+		return g.stats, err
+	}
+	sm := newSampler(req.Sampling)
+	for n := 0; n < req.MaxTokens; n++ {
+		tok := sm.next(logits)
+		if n == 0 {
+			g.stats.Prefill = time.Since(start)
+			start = time.Now()
+		}
+		g.stats.Tokens++
+		if err := emit(tok); err != nil {
+			return g.stats, err
+		}
+		if (req.Stop != nil && req.Stop(tok)) || n == req.MaxTokens-1 {
+			break
+		}
+		fed = append(fed, tok)
+		logits, err = g.decode(len(fed)-1, tok)
+		if errors.Is(err, errCacheMiss) {
+			g.stats.Recoveries++
+			logits, err = g.prefill(fed)
+		}
+		if err != nil {
+			return g.stats, err
+		}
+	}
+	g.stats.Decode = time.Since(start)
+	return g.stats, nil
+}
+
+// chunkSize is the prefill chunk the hops all accept.
+func (g *gen) chunkSize() int {
+	n := 128
+	if g.r.opts.PrefillChunk > 0 {
+		n = g.r.opts.PrefillChunk
+	}
+	for _, s := range g.streams {
+		if m := int(s.limits.GetMaxPrefillChunkTokens()); m > 0 && m < n {
+			n = m
+		}
+	}
+	return n
+}
+
+// open (re)opens hop i's stream.
+func (g *gen) open(i int) error {
+	if old := g.streams[i]; old != nil {
+		old.cancel()
+	}
+	h := g.r.Hops[i]
+	ctx, cancel := context.WithCancel(g.ctx)
+	openCtx, openCancel := context.WithTimeout(ctx, g.r.opts.StepTimeout)
+	defer openCancel()
+	stop := context.AfterFunc(openCtx, func() {
+		if openCtx.Err() == context.DeadlineExceeded {
+			cancel()
+		}
+	})
+	defer stop()
+	stream, err := h.client.Session(ctx)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("route: %s: %w", h.Addr, err)
+	}
+	err = stream.Send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Open{Open: &shardv1.SessionOpen{
+		SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1, RouteSessionId: g.id, RouteEpoch: g.epoch,
+		Fingerprint: h.Capability.Fingerprint, ShardRange: h.Capability.ShardRange,
+	}}})
+	var resp *shardv1.SessionResponse
+	if err == nil {
+		resp, err = stream.Recv()
+	}
+	if err != nil {
+		cancel()
+		return fmt.Errorf("route: %s: open: %w", h.Addr, err)
+	}
+	a := resp.GetAccepted()
+	if a == nil {
+		cancel()
+		return fmt.Errorf("%w: %s refused the session: %s", ErrRefused, h.Addr, resp.GetStatus().GetError().GetDetail())
+	}
+	g.streams[i] = &hopStream{hop: h, stream: stream, cancel: cancel, limits: a.FlowControl}
+	return nil
+}
+
+// close releases the session on every hop and ends the streams.
+func (g *gen) close() {
+	for _, s := range g.streams {
+		if s == nil {
+			continue
+		}
+		s.stream.Send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Release{Release: &shardv1.ReleaseSignal{
+			RouteSessionId: g.id, RouteEpoch: g.epoch}}})
+		s.stream.CloseSend()
+		for {
+			if _, err := s.stream.Recv(); err != nil {
+				break
+			}
+		}
+		s.cancel()
+	}
+	if g.ctx.Err() != nil {
+		// The streams were cut: cancel and release out of band, on fresh calls.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		for _, h := range g.r.Hops {
+			h.client.Cancel(ctx, &shardv1.CancelRequest{SchemaVersion: 1, RouteSessionId: g.id, RouteEpoch: g.epoch})
+			h.client.Release(ctx, &shardv1.ReleaseRequest{SchemaVersion: 1, RouteSessionId: g.id, RouteEpoch: g.epoch})
+		}
+	}
+}
+
+// prefill feeds tokens from position 0 in chunks and returns the logits of
+// the last position.
+func (g *gen) prefill(tokens []int32) ([]float32, error) {
+	count := (len(tokens) + g.chunk - 1) / g.chunk
+	var logits []float32
+	for c := range count {
+		lo, hi := c*g.chunk, min(len(tokens), (c+1)*g.chunk)
+		info := &shardv1.ChunkInfo{ChunkIndex: uint32(c), ChunkCount: uint32(count), FinalChunk: c == count-1}
+		var err error
+		if logits, err = g.run(lo, tokens[lo:hi], shardv1.CacheMode_CACHE_MODE_PREFILL, info); err != nil {
+			return nil, err
+		}
+	}
+	return logits, nil
+}
+
+// decode feeds one token at pos through the DecodeStep fast path.
+func (g *gen) decode(pos int, tok int32) ([]float32, error) {
+	return g.run(pos, []int32{tok}, shardv1.CacheMode_CACHE_MODE_DECODE, nil)
+}
+
+// run sends one unit of work through every hop and returns the logits.
+func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.ChunkInfo) ([]float32, error) {
+	g.step++
+	body := make([]byte, 0, 4*len(ids))
+	for _, id := range ids {
+		body = binary.LittleEndian.AppendUint32(body, uint32(id))
+	}
+	tensor := &shardv1.NamedTensor{}
+	g.framer.Frame(tensor, "input_ids", []int64{int64(len(ids))}, shardv1.DType_DTYPE_INT32, body, frameout.Options{})
+	tensors := []*shardv1.NamedTensor{tensor}
+	workID := fmt.Sprintf("%s/%d", g.id, g.step)
+	for i := range g.streams {
+		deadline := time.Now().Add(g.r.opts.StepTimeout)
+		if d, ok := g.ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+		h := g.streams[i].hop
+		var req *shardv1.SessionRequest
+		if mode == shardv1.CacheMode_CACHE_MODE_DECODE && len(tensors) == 1 {
+			req = &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
+				IdempotencyStep: g.step, Position: uint64(first), ExpectedPastLen: uint64(first),
+				Tensor: tensors[0], WorkId: workID, DeadlineUnixNanos: deadline.UnixNano(),
+			}}}
+		} else {
+			phase := shardv1.Phase_PHASE_PREFILL
+			expect := &shardv1.CacheExpectation{Mode: mode}
+			if mode == shardv1.CacheMode_CACHE_MODE_DECODE {
+				phase, expect.ExpectedPastLen = shardv1.Phase_PHASE_DECODE, uint64(first)
+			}
+			req = &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Chunk{Chunk: &shardv1.ActivationChunk{
+				Envelope: &shardv1.Envelope{
+					SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1, WorkId: workID, RouteSessionId: g.id,
+					RouteEpoch: g.epoch, Fingerprint: h.Capability.Fingerprint, ShardRange: h.Capability.ShardRange,
+					Phase: phase, Position: &shardv1.PositionSpan{FirstPosition: uint64(first), TokenCount: uint32(len(ids))},
+					IdempotencyStep: g.step, CacheExpectation: expect, DeadlineUnixNanos: deadline.UnixNano(), Chunk: info,
+				},
+				Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: tensors},
+			}}}
+		}
+		out, err := g.call(i, req)
+		if err != nil {
+			return nil, err
+		}
+		tensors = out
+	}
+	return g.decodeLogits(tensors[0])
+}
+
+// call sends req to hop i and returns the output tensors, resending the same
+// step on a fresh stream after a transport error.
+func (g *gen) call(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTensor, error) {
+	hs := &g.stats.Hops[i]
+	var lastErr error
+	for attempt := 0; attempt <= g.r.opts.Retries; attempt++ {
+		if attempt > 0 {
+			g.stats.Retries++
+			if err := g.open(i); err != nil {
+				lastErr = err
+				if g.ctx.Err() != nil {
+					return nil, g.ctx.Err()
+				}
+				continue
+			}
+		}
+		t0 := time.Now()
+		chunk, ack, st, err := g.exchange(g.streams[i], req)
+		if err != nil {
+			lastErr = err
+			if g.ctx.Err() != nil {
+				return nil, g.ctx.Err()
+			}
+			continue
+		}
+		hs.Calls++
+		hs.Wall += time.Since(t0)
+		if st != nil {
+			if st.GetError().GetCode() == shardv1.ErrorCode_ERROR_CODE_CACHE_MISS {
+				return nil, errCacheMiss
+			}
+			g.stats.RefusedDetails = append(g.stats.RefusedDetails, st.GetError().GetDetail())
+			return nil, fmt.Errorf("%w: %s: %s: %s", ErrRefused, g.streams[i].hop.Addr, st.GetError().GetCode(), st.GetError().GetDetail())
+		}
+		hs.Exec += time.Duration(ack.ExecutionNanos)
+		if ack.Duplicate {
+			g.stats.DuplicateAcks++
+		}
+		if chunk == nil {
+			// A duplicate whose result the worker no longer holds: the
+			// state is right but the output is gone; rebuild it.
+			return nil, errCacheMiss
+		}
+		return chunk.GetBundle().GetTensors(), nil
+	}
+	return nil, fmt.Errorf("route: %s: step failed after %d attempts: %w", g.r.Hops[i].Addr, g.r.opts.Retries+1, lastErr)
+}
+
+// exchange sends one unit of work and reads until its Ack or ShardStatus.
+func (g *gen) exchange(s *hopStream, req *shardv1.SessionRequest) (*shardv1.ActivationChunk, *shardv1.Ack, *shardv1.ShardStatus, error) {
+	if err := s.stream.Send(req); err != nil {
+		return nil, nil, nil, err
+	}
+	var chunk *shardv1.ActivationChunk
+	for {
+		resp, err := s.stream.Recv()
+		if err == io.EOF {
+			return nil, nil, nil, io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		switch k := resp.Kind.(type) {
+		case *shardv1.SessionResponse_Chunk:
+			chunk = k.Chunk
+		case *shardv1.SessionResponse_Ack:
+			return chunk, k.Ack, nil, nil
+		case *shardv1.SessionResponse_Status:
+			return nil, nil, k.Status, nil
+		}
+	}
+}
+
+// decodeLogits validates the last hop's logits tensor (tiling, CRC32C) and
+// returns its last row.
+func (g *gen) decodeLogits(nt *shardv1.NamedTensor) ([]float32, error) {
+	if nt.GetName() != "logits" {
+		return nil, fmt.Errorf("%w: the last hop returned %q, not logits", ErrRoute, nt.GetName())
+	}
+	var t stages.Tensor
+	defer t.Reset()
+	if err := g.recv.Tensor(&t, nt, true); err != nil {
+		return nil, fmt.Errorf("route: logits: %s", wireerr.ToShardError(err).Detail)
+	}
+	body := t.Contiguous(bufpool.Default)
+	shape := nt.Shape
+	if len(shape) != 2 || shape[0] < 1 {
+		return nil, fmt.Errorf("%w: logits shape %v", ErrRoute, shape)
+	}
+	vocab := int(shape[1])
+	g.logits = dtype.AppendF32FromBytes(g.logits[:0], body[len(body)-4*vocab:])
+	return g.logits, nil
+}

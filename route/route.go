@@ -1,0 +1,145 @@
+// Package route is the head side of a route: it drives a generation through
+// a chain of shardd workers over the Shard data plane.
+//
+// A Route holds one gRPC connection per hop and checks, before any work, that
+// the hops are validated, serve the same model and recipe, and tile the
+// layers from 0 with no gap. Each Generate opens one Session stream per hop,
+// sends the prompt as bounded prefill chunks, passes each hop's output tensor
+// to the next hop unchanged (it is already framed and checksummed), decodes
+// through the DecodeStep fast path and samples at the head.
+//
+// Failures: a transport error on a hop reopens that hop's stream and resends
+// the same step with the same idempotency step (a worker that had applied it
+// answers with the cached result, marked duplicate). A CACHE_MISS anywhere,
+// for example from a worker that restarted and lost its state, is recovered
+// by one full re-prefill of everything fed so far under the same route
+// session id. Many generations may run on one Route at once.
+package route
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/meshnet/shardd/bufpool"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/stages/decode"
+)
+
+// Options tune a Route.
+type Options struct {
+	// StepTimeout bounds one step on one hop; it is carried in-band as the
+	// envelope deadline. Default 60s.
+	StepTimeout time.Duration
+	// PrefillChunk is the most tokens per prefill chunk; 0 means the
+	// smallest max_prefill_chunk_tokens the hops grant, at most 128.
+	PrefillChunk int
+	// Retries per step per hop after a transport error. Default 3.
+	Retries int
+	// DialOptions are added to the defaults (insecure transport).
+	DialOptions []grpc.DialOption
+}
+
+// Hop is one worker of the route.
+type Hop struct {
+	Addr       string
+	Capability *shardv1.CapabilityReport
+	conn       *grpc.ClientConn
+	client     shardv1.ShardRuntimeClient
+}
+
+// Route is a chain of workers that together hold every layer of a model.
+type Route struct {
+	Hops []*Hop
+	opts Options
+}
+
+// Errors a caller can classify.
+var (
+	ErrRoute     = errors.New("route: hops do not form a route")
+	ErrRefused   = errors.New("route: a worker refused the work")
+	errCacheMiss = errors.New("route: cache miss")
+)
+
+// Dial connects to every hop and checks that they form a route.
+func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
+	if opts.StepTimeout == 0 {
+		opts.StepTimeout = 60 * time.Second
+	}
+	if opts.Retries == 0 {
+		opts.Retries = 3
+	}
+	r := &Route{opts: opts}
+	dial := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(decode.Codec{Pool: bufpool.Default}),
+			grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20),
+			// A hop that restarts comes back on the same address: wait for
+			// it (bounded by the step's context) instead of failing at once.
+			grpc.WaitForReady(true)),
+	}, opts.DialOptions...)
+	for _, addr := range addrs {
+		conn, err := grpc.NewClient(addr, dial...)
+		if err != nil {
+			r.Close()
+			return nil, fmt.Errorf("route: %s: %w", addr, err)
+		}
+		h := &Hop{Addr: addr, conn: conn, client: shardv1.NewShardRuntimeClient(conn)}
+		r.Hops = append(r.Hops, h)
+		if h.Capability, err = h.client.GetCapability(ctx, &shardv1.CapabilityRequest{SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1}); err != nil {
+			r.Close()
+			return nil, fmt.Errorf("route: %s: capability: %w", addr, err)
+		}
+	}
+	if err := r.check(); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// check requires validated hops of one model and recipe, tiling the layers.
+func (r *Route) check() error {
+	if len(r.Hops) == 0 {
+		return fmt.Errorf("%w: no hops", ErrRoute)
+	}
+	first := r.Hops[0].Capability
+	next := uint32(0)
+	for _, h := range r.Hops {
+		c := h.Capability
+		switch {
+		case !c.Validated:
+			return fmt.Errorf("%w: %s is not validated (%s)", ErrRoute, h.Addr, c.Detail)
+		case c.Fingerprint.GetModelArtifactDigest() != first.Fingerprint.GetModelArtifactDigest():
+			return fmt.Errorf("%w: %s serves another model", ErrRoute, h.Addr)
+		case c.Fingerprint.GetRuntimeRecipeDigest() != first.Fingerprint.GetRuntimeRecipeDigest():
+			return fmt.Errorf("%w: %s runs another recipe", ErrRoute, h.Addr)
+		case c.ShardRange.GetStartLayer() != next:
+			return fmt.Errorf("%w: %s starts at layer %d, the route is at %d", ErrRoute, h.Addr, c.ShardRange.GetStartLayer(), next)
+		}
+		next = c.ShardRange.GetEndLayer()
+	}
+	return nil
+}
+
+// Close closes the connections.
+func (r *Route) Close() {
+	for _, h := range r.Hops {
+		if h.conn != nil {
+			h.conn.Close()
+		}
+	}
+}
+
+// newSessionID returns a random route session id.
+func newSessionID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return "rs-" + hex.EncodeToString(b[:])
+}
