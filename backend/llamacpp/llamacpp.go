@@ -58,6 +58,11 @@ type Config struct {
 	CtxTokens int
 	// MaxBatch is the most rows one forward call takes; 0 means 512.
 	MaxBatch int
+	// Poll is the CPU threadpool's polling level after a forward, 0..100.
+	// Spinning threads answer the next forward sooner, but they burn the
+	// cores: where several workers (or anything else) share a machine, an
+	// idle worker's spinning slows the busy one. 0 (the default) sleeps.
+	Poll int
 	// Verbose passes llama.cpp's info logs through.
 	Verbose bool
 }
@@ -79,6 +84,7 @@ type Backend struct {
 	meta  gguf.Meta
 	model *C.struct_llama_model
 	ctx   *C.struct_llama_context
+	tp    *C.struct_ggml_threadpool
 	cap   *C.shardd_capture // nil on logit-producing shards
 }
 
@@ -153,6 +159,10 @@ func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
 		b.Close()
 		return nil, errors.New("llamacpp: could not create a context (see log)")
 	}
+	if b.tp = C.shardd_attach_threadpool(b.ctx, C.int32_t(cfg.Threads), C.uint32_t(min(max(cfg.Poll, 0), 100))); b.tp == nil {
+		b.Close()
+		return nil, errors.New("llamacpp: could not create a threadpool")
+	}
 	return b, nil
 }
 
@@ -167,6 +177,10 @@ func (b *Backend) Close() error {
 	if b.ctx != nil {
 		C.llama_free(b.ctx)
 		b.ctx = nil
+	}
+	if b.tp != nil {
+		C.shardd_threadpool_free(b.tp)
+		b.tp = nil
 	}
 	if b.model != nil {
 		C.llama_model_free(b.model)

@@ -2,6 +2,7 @@
 #include <string.h>
 #include "ggml.h"
 #include "ggml-backend.h"
+#include "ggml-cpu.h"
 #include "shim.h"
 
 static int shardd_verbose = 0;
@@ -85,4 +86,18 @@ bool shardd_cb_eval(struct ggml_tensor *t, bool ask, void *user_data) {
 
 bool shardd_seq_rm(struct llama_context *ctx, int32_t seq, int32_t p0) {
     return llama_memory_seq_rm(llama_get_memory(ctx), seq, p0, -1);
+}
+
+struct ggml_threadpool *shardd_attach_threadpool(struct llama_context *ctx, int32_t threads, uint32_t poll) {
+    struct ggml_threadpool_params p = ggml_threadpool_params_default(threads);
+    p.poll = poll;
+    struct ggml_threadpool *tp = ggml_threadpool_new(&p);
+    if (tp != NULL) {
+        llama_attach_threadpool(ctx, tp, tp);
+    }
+    return tp;
+}
+
+void shardd_threadpool_free(struct ggml_threadpool *tp) {
+    ggml_threadpool_free(tp);
 }

@@ -23,6 +23,11 @@ struct llama_model *shardd_load_model(const char *path);
 struct llama_context *shardd_new_context(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
                                          uint32_t n_ubatch, uint32_t n_seq_max, int32_t threads,
                                          shardd_capture *cap);
+// shardd_attach_threadpool gives ctx its own CPU threadpool with the given
+// polling level (0: idle threads sleep; 100: they spin). Free it with
+// ggml_threadpool_free after llama_free.
+struct ggml_threadpool *shardd_attach_threadpool(struct llama_context *ctx, int32_t threads, uint32_t poll);
+void shardd_threadpool_free(struct ggml_threadpool *tp);
 bool shardd_cb_eval(struct ggml_tensor *t, bool ask, void *user_data);
 bool shardd_seq_rm(struct llama_context *ctx, int32_t seq, int32_t p0);
 

@@ -52,6 +52,7 @@ func runServe(args []string) error {
 	requireCRC := fs.Bool("require-checksum", true, "refuse tensors without a CRC32C")
 	drainTimeout := fs.Duration("drain-timeout", 30*time.Second, "how long a drain waits for queued work")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	poll := fs.Int("poll", 0, "llama.cpp threadpool polling after a forward, 0..100: spinning answers the next step sooner but burns the cores; keep 0 where workers share a machine")
 	verbose := fs.Bool("verbose", false, "pass llama.cpp's own logs through")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -80,7 +81,7 @@ func runServe(args []string) error {
 		return err
 	}
 	be, err := llamacpp.OpenMeta(llamacpp.Config{
-		Path: *model, Threads: *threads, MaxSeqs: *sessions + 1, CtxTokens: *ctxTokens, MaxBatch: *batch, Verbose: *verbose,
+		Path: *model, Threads: *threads, MaxSeqs: *sessions + 1, CtxTokens: *ctxTokens, MaxBatch: *batch, Poll: *poll, Verbose: *verbose,
 	}, meta)
 	if err != nil {
 		return err

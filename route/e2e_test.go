@@ -1,0 +1,191 @@
+package route
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/verify"
+)
+
+var shardd string // the binary under test, built by TestMain
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "shardd-e2e-")
+	if err != nil {
+		panic(err)
+	}
+	shardd = filepath.Join(dir, "shardd")
+	// Built with the caller's cgo flags (make test sets them).
+	build := exec.Command("go", "build", "-o", shardd, "../cmd/shardd")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	code := 1
+	if err := build.Run(); err == nil {
+		code = m.Run()
+	} else {
+		fmt.Fprintln(os.Stderr, "e2e: building shardd:", err)
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is one shardd serve process.
+type proc struct {
+	cmd  *exec.Cmd
+	addr string
+	log  *strings.Builder
+}
+
+// serve starts shardd on shard, listening on addr ("127.0.0.1:0" for any
+// port), and waits for its "listening on" line.
+func serve(t *testing.T, shard, addr string) *proc {
+	t.Helper()
+	cmd := exec.Command(shardd, "serve", "--model", shard, "--listen", addr, "--threads", "1", "--max-sessions", "4")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, log: &strings.Builder{}}
+	cmd.Stderr = p.log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	select {
+	case line, ok := <-lines:
+		if !ok || !strings.HasPrefix(line, "shardd: listening on ") {
+			t.Fatalf("shardd did not start: %q %s", line, p.log)
+		}
+		p.addr = strings.TrimPrefix(line, "shardd: listening on ")
+	case <-time.After(60 * time.Second):
+		t.Fatalf("shardd did not start in time: %s", p.log)
+	}
+	go func() {
+		for range lines {
+		}
+	}()
+	t.Cleanup(func() { p.stop() })
+	return p
+}
+
+func (p *proc) stop() {
+	if p.cmd.ProcessState == nil {
+		p.cmd.Process.Kill()
+		p.cmd.Wait()
+	}
+}
+
+// TestRouteSurvivesWorkerRestart: three shardd processes, two concurrent
+// generations; the middle worker is killed and restarted mid-generation. The
+// head recovers (retry, then CACHE_MISS -> one re-prefill) and both
+// generations still equal the unsplit model's tokens.
+func TestRouteSurvivesWorkerRestart(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "tiny.gguf")
+	if err := gguf.Generate(model, gguf.Presets["tiny"]); err != nil {
+		t.Fatal(err)
+	}
+	shards, err := gguf.Split(model, gguf.EvenRanges(6, 3), dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs := make([]*proc, 3)
+	var addrs []string
+	for i, s := range shards {
+		procs[i] = serve(t, s, "127.0.0.1:0")
+		addrs = append(addrs, procs[i].addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r, err := Dial(ctx, addrs, Options{StepTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+
+	prompts := [][]int32{{1, 17, 42, 7, 99}, {5, 300, 8, 64, 2, 11, 3}}
+	const n = 24
+	// Both generations pause after a few tokens; then the middle worker is
+	// killed and restarted, and both go on.
+	reached := make(chan struct{}, 2)
+	restarted := make(chan struct{})
+	got := make([][]int32, 2)
+	stats := make([]Stats, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for g := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stats[g], errs[g] = r.Generate(ctx, Request{Prompt: prompts[g], MaxTokens: n}, func(tok int32) error {
+				got[g] = append(got[g], tok)
+				if len(got[g]) == 6 {
+					reached <- struct{}{}
+					<-restarted
+				}
+				return nil
+			})
+		}()
+	}
+	<-reached
+	<-reached
+	addr := procs[1].addr
+	procs[1].cmd.Process.Kill()
+	procs[1].cmd.Wait()
+	procs[1] = serve(t, shards[1], addr)
+	close(restarted)
+	wg.Wait()
+
+	for g := range 2 {
+		if errs[g] != nil {
+			t.Fatalf("generation %d: %v (worker log: %s)", g, errs[g], procs[1].log)
+		}
+		want, err := verify.Greedy(model, prompts[g], n, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got[g], want) {
+			t.Fatalf("generation %d: route %v, unsplit %v", g, got[g], want)
+		}
+		if stats[g].Recoveries < 1 || stats[g].Retries < 1 {
+			t.Fatalf("generation %d did not go through recovery: %+v", g, stats[g])
+		}
+	}
+}
+
+// TestDialRefusesBrokenRoutes: a route must tile the layers from 0.
+func TestDialRefusesBrokenRoutes(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "tiny.gguf")
+	if err := gguf.Generate(model, gguf.Presets["tiny"]); err != nil {
+		t.Fatal(err)
+	}
+	shards, err := gguf.Split(model, gguf.EvenRanges(6, 3), dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, c := serve(t, shards[0], "127.0.0.1:0"), serve(t, shards[2], "127.0.0.1:0")
+	ctx := context.Background()
+	if _, err := Dial(ctx, []string{a.addr, c.addr}, Options{}); err == nil || !strings.Contains(err.Error(), "starts at layer 4") {
+		t.Fatalf("gap accepted: %v", err)
+	}
+	if _, err := Dial(ctx, []string{c.addr}, Options{}); err == nil {
+		t.Fatal("a route not starting at layer 0 accepted")
+	}
+}
