@@ -87,7 +87,7 @@ unit: deps
 	$(GO) test -race -tags invariants -timeout 30m ./...
 
 ## fuzz: each fuzz target for FUZZTIME (10s in CI; try FUZZTIME=5m locally).
-FUZZ_TARGETS := ./stages/receive:FuzzReceive
+FUZZ_TARGETS := ./stages/receive:FuzzReceive ./stages/checksum:FuzzUpdate
 fuzz: deps
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 	  echo "fuzz: $$fn ($(FUZZTIME))"; \
