@@ -270,12 +270,13 @@ func TestDrainingRefusesSessions(t *testing.T) {
 	}
 }
 
-// gated starts a fake worker whose forwards wait at a gate.
+// gated starts a fake worker whose forwards wait at a gate. Closing the
+// gate (fb.open, also at cleanup) lets every later forward through.
 func gated(t *testing.T, cfg Config) (*worker, *fakeBackend) {
 	fb := newFake(true, true)
 	w := startWorker(t, fb, fakeMeta(), cfg) // the probe ran inside New
-	fb.gate, fb.entered = make(chan struct{}), make(chan struct{}, 16)
-	t.Cleanup(func() { close(fb.gate) })
+	fb.gate, fb.entered = make(chan struct{}), make(chan struct{}, 64)
+	t.Cleanup(fb.open)
 	return w, fb
 }
 

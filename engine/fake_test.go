@@ -2,6 +2,8 @@ package engine
 
 import (
 	"fmt"
+	"sync"
+	"testing"
 
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/gguf"
@@ -18,7 +20,20 @@ type fakeBackend struct {
 	err     error
 	pos     map[int]int // next position per sequence
 	hidden  []float32
+	// calls records, per Forward, how many rows each sequence had.
+	calls    []map[int]int
+	openOnce sync.Once
 }
+
+// callsSeen copies calls on the scheduler goroutine (which appends to it).
+func (f *fakeBackend) callsSeen(t testing.TB, e *Engine) []map[int]int {
+	var out []map[int]int
+	waitFor(t, e, func() bool { out = append(out, f.calls...); return true })
+	return out
+}
+
+// open closes the gate for good.
+func (f *fakeBackend) open() { f.openOnce.Do(func() { close(f.gate) }) }
 
 type fakeBatch struct {
 	rows []fakeRow
@@ -71,6 +86,11 @@ func (f *fakeBackend) Forward(bb backend.Batch, out *backend.Output) error {
 		return f.err
 	}
 	b := bb.(*fakeBatch)
+	perSeq := map[int]int{}
+	for _, r := range b.rows {
+		perSeq[r.seq]++
+	}
+	f.calls = append(f.calls, perSeq)
 	for _, r := range b.rows {
 		if f.pos[r.seq] != r.pos {
 			return fmt.Errorf("%w: seq %d at %d, row at %d", backend.ErrPosition, r.seq, f.pos[r.seq], r.pos)

@@ -1,6 +1,7 @@
 package gguf
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,7 +15,10 @@ func CachedPreset(dir, preset string) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("gguf: unknown preset %q", preset)
 	}
-	path := filepath.Join(dir, fmt.Sprintf("%s-seed%d.gguf", preset, s.Seed))
+	// The name carries a digest of the whole spec, so a changed preset is
+	// never answered with a file generated from an older one.
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%+v", s)))
+	path := filepath.Join(dir, fmt.Sprintf("%s-%s-%x.gguf", preset, s.Weights, sum[:4]))
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -187,5 +188,37 @@ func TestDialRefusesBrokenRoutes(t *testing.T) {
 	}
 	if _, err := Dial(ctx, []string{c.addr}, Options{}); err == nil {
 		t.Fatal("a route not starting at layer 0 accepted")
+	}
+}
+
+// TestServeDrainsOnSIGTERM: a worker refuses new sessions and exits cleanly.
+func TestServeDrainsOnSIGTERM(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "tiny.gguf")
+	if err := gguf.Generate(model, gguf.Presets["tiny"]); err != nil {
+		t.Fatal(err)
+	}
+	p := serve(t, model, "127.0.0.1:0")
+	r, err := Dial(context.Background(), []string{p.addr}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.Generate(context.Background(), Request{Prompt: []int32{1, 2}, MaxTokens: 4}, func(int32) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit: %v\n%s", err, p.log)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("worker did not exit after SIGTERM")
+	}
+	if !strings.Contains(p.log.String(), "draining") || !strings.Contains(p.log.String(), "stopped") {
+		t.Fatalf("log: %s", p.log)
 	}
 }

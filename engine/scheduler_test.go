@@ -1,0 +1,121 @@
+package engine
+
+import (
+	"testing"
+
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+)
+
+// Scenario: while one forward is held, decode steps of three sessions
+// arrive; the next iteration runs all three in one backend call.
+func TestDecodeStepsBatchAcrossSessions(t *testing.T) {
+	w, fb := gated(t, Config{})
+	// Opening asks the scheduler, so open every stream before holding it.
+	var ss []*session
+	for _, id := range []string{"d0", "d1", "d2"} {
+		ss = append(ss, w.open(t, id, 1))
+	}
+	x := w.open(t, "holder", 1)
+	for i, s := range ss {
+		s.chunk(s.envelope(1, prefill, 0, 2, 0), s.tokensTensor([]int32{1, 2}))
+		if i == 0 {
+			<-fb.entered // hold the first prefill
+		}
+	}
+	waitUntil(t, func() bool { return w.eng.queued.Load() == 3 })
+	fb.gate <- struct{}{} // first prefill
+	<-fb.entered
+	fb.gate <- struct{}{} // the other two prefills, together
+	for _, s := range ss {
+		if o := s.result(); o.ack == nil {
+			t.Fatalf("prefill: %v", o.status)
+		}
+	}
+	// Hold an unrelated forward, queue the three decode steps behind it.
+	x.chunk(x.envelope(1, prefill, 0, 1, 0), x.tokensTensor([]int32{1}))
+	<-fb.entered
+	for _, s := range ss {
+		s.send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
+			IdempotencyStep: 2, Position: 2, ExpectedPastLen: 2, Tensor: s.tokensTensor([]int32{3})}}})
+	}
+	waitUntil(t, func() bool { return w.eng.queued.Load() == 4 })
+	fb.gate <- struct{}{}
+	<-fb.entered
+	fb.gate <- struct{}{}
+	for _, s := range ss {
+		if o := s.result(); o.ack == nil || o.ack.CacheResult.PastLen != 3 {
+			t.Fatalf("decode: %v %v", o.ack, o.status)
+		}
+	}
+	calls := fb.callsSeen(t, w.eng)
+	if last := calls[len(calls)-1]; len(last) != 3 {
+		t.Fatalf("decode steps ran in separate calls: %v", calls)
+	}
+	h, _ := w.client.Health(t.Context(), &shardv1.HealthRequest{SchemaVersion: 1})
+	if h.BatchOccupancy != 3 {
+		t.Fatalf("batch occupancy %d, want 3", h.BatchOccupancy)
+	}
+}
+
+// Scenario: two sessions prefill long chunks at once; every iteration gives
+// both an equal share of the budget, so both progress together.
+func TestPrefillSharesIterations(t *testing.T) {
+	w, fb := gated(t, Config{PrefillIterationTokens: 16, DecodeQuiet: 1})
+	a, b := w.open(t, "pa", 1), w.open(t, "pb", 1)
+	ids := make([]int32, 48)
+	a.chunk(a.envelope(1, prefill, 0, len(ids), 0), a.tokensTensor(ids))
+	<-fb.entered // a's first iteration, alone
+	b.chunk(b.envelope(1, prefill, 0, len(ids), 0), b.tokensTensor(ids))
+	waitUntil(t, func() bool { return w.eng.queued.Load() == 2 })
+	for range 5 {
+		fb.gate <- struct{}{}
+		<-fb.entered
+	}
+	fb.open()
+	for _, s := range []*session{a, b} {
+		if o := s.result(); o.ack == nil {
+			t.Fatalf("prefill: %v", o.status)
+		}
+	}
+	both := 0
+	calls := fb.callsSeen(t, w.eng)
+	for _, c := range calls[1:] {
+		if len(c) == 2 {
+			both++
+			var shares []int
+			for _, n := range c {
+				shares = append(shares, n)
+			}
+			if shares[0] != 8 || shares[1] != 8 {
+				t.Fatalf("unequal shares %v", c)
+			}
+		}
+	}
+	if both < 3 {
+		t.Fatalf("sessions did not share iterations: %v", calls)
+	}
+}
+
+// A newer epoch supersedes the session's old state: a decode against the old
+// state is a declared miss, and a fresh prefill under the new epoch works.
+func TestNewerEpochSupersedes(t *testing.T) {
+	whole, _ := tinyFiles(t)
+	w := startLlama(t, whole, Config{})
+	s := w.open(t, "epochs", 1)
+	if o := s.prefillTokens(1, 1, 2, 3); o.ack == nil {
+		t.Fatal(o.status)
+	}
+	s.epoch = 2
+	s.chunk(s.envelope(2, decodeM, 3, 1, 3), s.tokensTensor([]int32{4}))
+	if o := s.result(); code(o) != cMiss || o.status.Error.ActualPastLen != 0 {
+		t.Fatalf("old state survived a new epoch: %v", o.status)
+	}
+	if o := s.prefillTokens(3, 1, 2, 3, 4); o.ack == nil || o.ack.CacheResult.PastLen != 4 {
+		t.Fatalf("prefill under the new epoch: %v", o.status)
+	}
+	s.epoch = 1
+	s.chunk(s.envelope(4, decodeM, 4, 1, 4), s.tokensTensor([]int32{5}))
+	if o := s.result(); code(o) != cStale {
+		t.Fatalf("old epoch after the new one: %v", o.status)
+	}
+}
