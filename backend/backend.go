@@ -23,6 +23,10 @@ var (
 	ErrInput = errors.New("backend: input does not fit this shard")
 	// ErrForward: the forward pass failed.
 	ErrForward = errors.New("backend: forward failed")
+	// ErrPreempted: a preemptible forward stopped early because Preempt was
+	// called. Rows of that call are not in the KV cache; positions before it
+	// are untouched.
+	ErrPreempted = errors.New("backend: forward preempted")
 )
 
 // Info describes the loaded shard.
@@ -95,4 +99,15 @@ type Backend interface {
 	SeqTrim(seq, from int) error
 	// Close frees the model and context.
 	Close() error
+}
+
+// Preemptible is a backend whose forward pass can be stopped part way, so a
+// decode step arriving during a prefill-only iteration need not wait for it.
+type Preemptible interface {
+	// ForwardPreemptible is Forward that returns ErrPreempted when Preempt
+	// is called while it runs (requests from before it started are dropped).
+	ForwardPreemptible(b Batch, out *Output) error
+	// Preempt asks the running (or next) preemptible forward to stop. It is
+	// safe to call from any goroutine.
+	Preempt()
 }

@@ -50,6 +50,7 @@ type Engine struct {
 	statSessions  atomic.Int32
 	statOccupancy atomic.Int32
 	statPressure  atomic.Uint64 // float64 bits
+	preemptions   atomic.Int64  // prefill iterations stopped for a decode step
 
 	// Owned by the scheduler goroutine.
 	sched scheduler

@@ -23,6 +23,38 @@ type fakeBackend struct {
 	// calls records, per Forward, how many rows each sequence had.
 	calls    []map[int]int
 	openOnce sync.Once
+	// preempt, when set, makes the fake Preemptible: a held preemptible
+	// forward returns ErrPreempted when Preempt is called.
+	preempt chan struct{}
+}
+
+type preemptibleFake struct{ *fakeBackend }
+
+func (f preemptibleFake) Preempt() {
+	select {
+	case f.preempt <- struct{}{}:
+	default:
+	}
+}
+
+func (f preemptibleFake) ForwardPreemptible(bb backend.Batch, out *backend.Output) error {
+	select { // drop requests from before the call
+	case <-f.preempt:
+	default:
+	}
+	if f.entered != nil {
+		f.entered <- struct{}{}
+	}
+	select {
+	case <-f.gate:
+	case <-f.preempt:
+		return backend.ErrPreempted
+	}
+	// Already through the gate: run without waiting at it again.
+	g, e := f.gate, f.entered
+	f.gate, f.entered = nil, nil
+	defer func() { f.gate, f.entered = g, e }()
+	return f.fakeBackend.Forward(bb, out)
 }
 
 // callsSeen copies calls on the scheduler goroutine (which appends to it).

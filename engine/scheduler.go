@@ -213,13 +213,33 @@ func (s *scheduler) iterate() {
 			p.w.started = time.Now()
 		}
 	}
-	err := e.be.Forward(s.batch, &s.out)
+	var err error
+	if pb, ok := e.be.(backend.Preemptible); ok && len(decodes) == 0 {
+		// A decode step that arrives now stops this prefill-only
+		// iteration instead of waiting for it.
+		err = pb.ForwardPreemptible(s.batch, &s.out)
+	} else {
+		err = e.be.Forward(s.batch, &s.out)
+	}
 	s.publish(rows)
-	if err != nil {
+	switch {
+	case errors.Is(err, backend.ErrPreempted):
+		s.rewindPlanned()
+		e.preemptions.Add(1)
+		return
+	case err != nil:
 		s.failPlanned(err)
 		return
 	}
 	s.distribute()
+}
+
+// rewindPlanned undoes a preempted iteration: every planned item goes back
+// to where it stood before it (its rows are run again later).
+func (s *scheduler) rewindPlanned() {
+	for _, p := range s.planned {
+		s.e.be.SeqTrim(p.w.seq, p.w.first+p.w.done)
+	}
 }
 
 // plan adds rows [w.done, w.done+n) of w to the batch.

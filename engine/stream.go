@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/wireerr"
@@ -485,6 +486,11 @@ func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d
 		return
 	}
 	e.submitQ <- w // capacity MaxQueue: never blocks
+	if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE {
+		if pb, ok := e.be.(backend.Preemptible); ok {
+			pb.Preempt()
+		}
+	}
 }
 
 func (e *Engine) parseDecodeStep(w *work, d *shardv1.DecodeStep) error {

@@ -34,6 +34,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	_ "github.com/ollama/ollama/llama" // compiles and links llama.cpp and ggml
@@ -86,7 +87,10 @@ type Backend struct {
 	ctx   *C.struct_llama_context
 	tp    *C.struct_ggml_threadpool
 	cap   *C.shardd_capture // nil on logit-producing shards
+	pre   *C.shardd_preempt // C memory: written atomically from Go and read by llama.cpp
 }
+
+var _ backend.Preemptible = (*Backend)(nil)
 
 var _ backend.Backend = (*Backend)(nil)
 
@@ -159,6 +163,8 @@ func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
 		b.Close()
 		return nil, errors.New("llamacpp: could not create a context (see log)")
 	}
+	b.pre = (*C.shardd_preempt)(C.calloc(1, C.size_t(unsafe.Sizeof(C.shardd_preempt{}))))
+	C.shardd_set_preempt(b.ctx, b.pre)
 	if b.tp = C.shardd_attach_threadpool(b.ctx, C.int32_t(cfg.Threads), C.uint32_t(min(max(cfg.Poll, 0), 100))); b.tp == nil {
 		b.Close()
 		return nil, errors.New("llamacpp: could not create a threadpool")
@@ -191,7 +197,27 @@ func (b *Backend) Close() error {
 		C.free(unsafe.Pointer(b.cap))
 		b.cap = nil
 	}
+	if b.pre != nil {
+		C.free(unsafe.Pointer(b.pre))
+		b.pre = nil
+	}
 	return nil
+}
+
+func (b *Backend) preemptWord() *int32 { return (*int32)(unsafe.Pointer(&b.pre.preempt)) }
+func (b *Backend) enabledWord() *int32 { return (*int32)(unsafe.Pointer(&b.pre.enabled)) }
+
+// Preempt asks the running or next preemptible forward to stop.
+func (b *Backend) Preempt() { atomic.StoreInt32(b.preemptWord(), 1) }
+
+// ForwardPreemptible runs the batch unless Preempt is called while it runs.
+// Requests made before it started are dropped: the caller drained its queue
+// just before, so they were for work it has already seen.
+func (b *Backend) ForwardPreemptible(bb backend.Batch, out *backend.Output) error {
+	atomic.StoreInt32(b.preemptWord(), 0)
+	atomic.StoreInt32(b.enabledWord(), 1)
+	defer atomic.StoreInt32(b.enabledWord(), 0)
+	return b.forward(bb, out)
 }
 
 // SeqTrim removes positions >= from of seq; from 0 frees it.
@@ -205,8 +231,15 @@ func (b *Backend) SeqTrim(seq, from int) error {
 	return nil
 }
 
-// Forward runs b over the batch and fills out.
+// Forward runs b over the batch and fills out. It is never preempted, and it
+// clears pending preemption requests: the work they were for is about to be
+// served (the engine preempts only to get decode steps in).
 func (b *Backend) Forward(bb backend.Batch, out *backend.Output) error {
+	atomic.StoreInt32(b.preemptWord(), 0)
+	return b.forward(bb, out)
+}
+
+func (b *Backend) forward(bb backend.Batch, out *backend.Output) error {
 	bt, ok := bb.(*batch)
 	if !ok || bt.owner != b {
 		return fmt.Errorf("%w: batch from another backend", backend.ErrInput)
@@ -220,6 +253,8 @@ func (b *Backend) Forward(bb backend.Batch, out *backend.Output) error {
 		b.cap.n_floats, b.cap.bad = 0, 0
 	}
 	switch rc := C.llama_decode(b.ctx, bt.c); {
+	case rc == 2:
+		return backend.ErrPreempted
 	case rc == 1:
 		return backend.ErrKVFull
 	case rc == -1:

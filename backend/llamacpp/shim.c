@@ -101,3 +101,12 @@ struct ggml_threadpool *shardd_attach_threadpool(struct llama_context *ctx, int3
 void shardd_threadpool_free(struct ggml_threadpool *tp) {
     ggml_threadpool_free(tp);
 }
+
+static bool shardd_abort(void *data) {
+    shardd_preempt *p = (shardd_preempt *)data;
+    return __atomic_load_n(&p->enabled, __ATOMIC_ACQUIRE) && __atomic_load_n(&p->preempt, __ATOMIC_ACQUIRE);
+}
+
+void shardd_set_preempt(struct llama_context *ctx, shardd_preempt *p) {
+    llama_set_abort_callback(ctx, shardd_abort, p);
+}

@@ -28,6 +28,15 @@ struct llama_context *shardd_new_context(struct llama_model *model, uint32_t n_c
 // ggml_threadpool_free after llama_free.
 struct ggml_threadpool *shardd_attach_threadpool(struct llama_context *ctx, int32_t threads, uint32_t poll);
 void shardd_threadpool_free(struct ggml_threadpool *tp);
+
+// Preemption: llama.cpp's abort callback stops a forward when both words are
+// non-zero: preempt (set by any thread) and enabled (set around a
+// preemptible forward).
+typedef struct shardd_preempt {
+    int32_t preempt;
+    int32_t enabled;
+} shardd_preempt;
+void shardd_set_preempt(struct llama_context *ctx, shardd_preempt *p);
 bool shardd_cb_eval(struct ggml_tensor *t, bool ask, void *user_data);
 bool shardd_seq_rm(struct llama_context *ctx, int32_t seq, int32_t p0);
 

@@ -1,0 +1,46 @@
+package engine
+
+import (
+	"testing"
+
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+)
+
+// Scenario: a prefill-only iteration is running when a decode step arrives;
+// the iteration is preempted, the decode runs first, and the prefill is
+// rewound and completes from where it stood.
+func TestDecodePreemptsPrefill(t *testing.T) {
+	fb := newFake(true, true)
+	fb.preempt = make(chan struct{}, 1)
+	w := startWorker(t, preemptibleFake{fb}, fakeMeta(), Config{DecodeQuiet: 1, PrefillIterationTokens: 64})
+	entered := make(chan struct{}, 64)
+	waitFor(t, w.eng, func() bool { fb.gate, fb.entered = make(chan struct{}), entered; return true })
+	t.Cleanup(fb.open)
+	dec, long := w.open(t, "decoder", 1), w.open(t, "long", 1)
+
+	// The decoder's prefill, then hold the long prefill's iteration.
+	dec.chunk(dec.envelope(1, prefill, 0, 2, 0), dec.tokensTensor([]int32{1, 2}))
+	<-entered
+	fb.gate <- struct{}{}
+	if o := dec.result(); o.ack == nil {
+		t.Fatalf("prefill: %v", o.status)
+	}
+	ids := make([]int32, 32)
+	long.chunk(long.envelope(1, prefill, 0, len(ids), 0), long.tokensTensor(ids))
+	<-entered // held, preemptible
+	dec.send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
+		IdempotencyStep: 2, Position: 2, ExpectedPastLen: 2, Tensor: dec.tokensTensor([]int32{3})}}})
+	<-entered // the decode's own (non-preemptible) iteration
+	fb.gate <- struct{}{}
+	if o := dec.result(); o.ack == nil || o.ack.CacheResult.PastLen != 3 {
+		t.Fatalf("decode: %v %v", o.ack, o.status)
+	}
+	fb.open()
+	o := long.result()
+	if o.ack == nil || o.ack.CacheResult.PastLen != 32 {
+		t.Fatalf("prefill after preemption: %v %v", o.ack, o.status)
+	}
+	if w.eng.preemptions.Load() != 1 {
+		t.Fatalf("preemptions %d", w.eng.preemptions.Load())
+	}
+}
