@@ -15,7 +15,7 @@ static void shardd_log(enum ggml_log_level level, const char *text, void *ud) {
     (void)ud;
     // A preempted forward is aborted on purpose; llama.cpp reports that as
     // a failed compute with status 1 (GGML_STATUS_ABORTED).
-    if (!shardd_verbose && strstr(text, "failed with error 1") != NULL) {
+    if (!shardd_verbose && (strstr(text, "failed with error 1") != NULL || strstr(text, "compute status: 1") != NULL)) {
         return;
     }
     if (shardd_verbose || level == GGML_LOG_LEVEL_ERROR) {
