@@ -14,6 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+
 	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/verify"
 )
@@ -220,5 +225,43 @@ func TestServeDrainsOnSIGTERM(t *testing.T) {
 	}
 	if !strings.Contains(p.log.String(), "draining") || !strings.Contains(p.log.String(), "stopped") {
 		t.Fatalf("log: %s", p.log)
+	}
+}
+
+// TestServeHealthAndReflection: grpc.health.v1 answers SERVING and server
+// reflection lists the ShardRuntime service (what grpcurl needs).
+func TestServeHealthAndReflection(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "tiny.gguf")
+	if err := gguf.Generate(model, gguf.Presets["tiny"]); err != nil {
+		t.Fatal(err)
+	}
+	p := serve(t, model, "127.0.0.1:0")
+	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "meshnet.shard.v1.ShardRuntime"})
+	if err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health: %v %v", h, err)
+	}
+	rc, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}})
+	resp, err := rc.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.Name)
+	}
+	if !slices.Contains(names, "meshnet.shard.v1.ShardRuntime") || !slices.Contains(names, "grpc.health.v1.Health") {
+		t.Fatalf("reflection lists %v", names)
 	}
 }

@@ -13,9 +13,11 @@ static int shardd_verbose = 0;
 // unless verbose.
 static void shardd_log(enum ggml_log_level level, const char *text, void *ud) {
     (void)ud;
-    // A preempted forward is aborted on purpose; llama.cpp reports that as
-    // a failed compute with status 1 (GGML_STATUS_ABORTED).
-    if (!shardd_verbose && (strstr(text, "failed with error 1") != NULL || strstr(text, "compute status: 1") != NULL)) {
+    // A preempted forward is aborted on purpose; llama.cpp reports that at
+    // three levels as a failure (compute status 1 = GGML_STATUS_ABORTED,
+    // decode return 2 = aborted).
+    if (!shardd_verbose && (strstr(text, "failed with error 1") != NULL || strstr(text, "compute status: 1") != NULL ||
+                            strstr(text, "failed to decode, ret = 2") != NULL)) {
         return;
     }
     if (shardd_verbose || level == GGML_LOG_LEVEL_ERROR) {
