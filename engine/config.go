@@ -3,6 +3,10 @@ package engine
 import (
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 )
 
@@ -43,6 +47,11 @@ type Config struct {
 	ResultsCacheBytes int64
 	// Version is reported as recipe_version.
 	Version string
+	// TracerProvider and MeterProvider turn on spans per stage and metrics;
+	// nil leaves the engine uninstrumented (nothing is timed).
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	Propagator     propagation.TextMapPropagator
 }
 
 // Defaults fills zero fields.

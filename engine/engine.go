@@ -51,6 +51,9 @@ type Engine struct {
 	statOccupancy atomic.Int32
 	statPressure  atomic.Uint64 // float64 bits
 	preemptions   atomic.Int64  // prefill iterations stopped for a decode step
+	statEvictions atomic.Int64
+
+	obs observer
 
 	// Owned by the scheduler goroutine.
 	sched scheduler
@@ -87,6 +90,7 @@ func New(cfg Config, be backend.Backend, meta gguf.Meta, log *slog.Logger) *Engi
 		stop:    make(chan struct{}),
 		stopped: make(chan struct{}),
 	}
+	e.initObserver(cfg.TracerProvider, cfg.MeterProvider)
 	if err := backend.Probe(be); err != nil {
 		e.detail = "capability probe failed: the shard could not run a forward pass"
 		e.log.Error("capability probe failed", "err", err)

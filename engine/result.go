@@ -29,6 +29,9 @@ type result struct {
 	pastLen   uint64
 	cacheHit  bool
 	execNanos uint64
+
+	tm      timings // stage boundaries, when observed
+	bytesIn int
 }
 
 func (r *result) cost() int64 {

@@ -211,6 +211,7 @@ func (s *scheduler) iterate() {
 	for _, p := range s.planned {
 		if p.w.started.IsZero() {
 			p.w.started = time.Now()
+			p.w.tm.started = p.w.started
 		}
 	}
 	var err error
@@ -332,6 +333,10 @@ func (s *scheduler) complete(w *work) {
 		workID: w.workID, session: w.st.id, step: w.step, epoch: w.epoch,
 		phase: w.phase, mode: w.mode, first: w.first, tokens: w.tokens, chunk: w.chunk, deadline: w.deadline,
 		body: w.out, outPos: w.outPos, execNanos: uint64(now.Sub(w.started)), cacheHit: w.hit,
+		tm: w.tm, bytesIn: w.bytesIn,
+	}
+	if e.obs.on {
+		r.tm.completed = now
 	}
 	w.out = nil
 	if e.info.LogitsOut {
@@ -576,6 +581,7 @@ func (s *scheduler) publish(rows int) {
 		e.statOccupancy.Store(int32(rows))
 	}
 	e.statSessions.Store(int32(s.store.Len()))
+	e.statEvictions.Store(int64(s.store.Evictions))
 	e.statPressure.Store(math.Float64bits(s.store.Pressure()))
 }
 

@@ -171,13 +171,18 @@ func (st *stream) send(out *outMsgs, r reply) error {
 		return st.ss.Send(resp)
 	case r.status != nil:
 		resp.Kind = &shardv1.SessionResponse_Status{Status: r.status}
+		st.recordRefusal(r.status)
 		return st.ss.Send(resp)
 	case r.ack != nil:
 		out.ackKind.Ack = r.ack
 		resp.Kind = &out.ackKind
 		return st.ss.Send(resp)
 	case r.res != nil:
-		return st.sendResult(out, r.res, r.duplicate)
+		err := st.sendResult(out, r.res, r.duplicate)
+		if err == nil && !r.duplicate {
+			st.recordStep(r.res, time.Now())
+		}
+		return err
 	}
 	return nil
 }
@@ -443,7 +448,11 @@ func (e *Engine) handle(st *stream, in *decode.Inbound) {
 
 // onWork validates a chunk (env, bundle) or a decode step (d) and submits it.
 func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d *shardv1.DecodeStep, b *shardv1.TensorBundle) {
-	w := &work{st: st, in: in, received: time.Now(), epoch: st.epoch}
+	w := &work{st: st, in: in, received: time.Now(), epoch: st.epoch, bytesIn: in.Len()}
+	if e.obs.on {
+		w.tm.decodeStart, w.tm.decodeEnd = in.DecodeStart, in.DecodeEnd
+		e.obs.bytesIn.Add(st.ctx, int64(in.Len()))
+	}
 	if d != nil {
 		w.workID, w.step = strings.Clone(d.WorkId), d.IdempotencyStep
 	} else if env != nil {
@@ -479,6 +488,9 @@ func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d
 	if w.deadline != 0 && time.Now().UnixNano() > w.deadline {
 		fail(ErrDeadline)
 		return
+	}
+	if e.obs.on {
+		w.tm.submitted = time.Now()
 	}
 	if int(e.queued.Add(1)) > e.cfg.MaxQueue {
 		e.queued.Add(-1)

@@ -11,6 +11,7 @@ import (
 	"github.com/meshnet/shardd/kvcache"
 	"github.com/meshnet/shardd/stages"
 	"github.com/meshnet/shardd/stages/decode"
+	"github.com/meshnet/shardd/stages/receive"
 )
 
 // Boundary tensor names.
@@ -39,6 +40,8 @@ type work struct {
 	chunk    chunkInfo
 	deadline int64
 	received time.Time
+	tm       timings // when the engine observes
+	bytesIn  int
 
 	tokenIDs []int32       // first shard: input ids, aliasing the message
 	hidden   stages.Tensor // other shards: validated hidden states
@@ -186,7 +189,11 @@ func (e *Engine) parseInput(w *work, nt *shardv1.NamedTensor, zstdOK bool) error
 	if nt.Name != e.inputName() {
 		return wireerr.Errorf(ErrUnknownTensor, "this shard takes %s, got %.64q", e.inputName(), nt.Name)
 	}
-	if err := e.recv.Tensor(&w.hidden, nt, zstdOK); err != nil {
+	var tm *receive.Timings
+	if e.obs.on {
+		tm = &w.tm.recv
+	}
+	if err := e.recv.TensorTimed(&w.hidden, nt, zstdOK, tm); err != nil {
 		return err
 	}
 	body := w.hidden.Contiguous(e.pool)

@@ -8,6 +8,8 @@ import (
 	"io"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	"github.com/meshnet/shardd/bufpool"
@@ -83,11 +85,18 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 	if len(req.Prompt) == 0 {
 		return Stats{}, errors.New("route: empty prompt")
 	}
+	if tp := r.opts.TracerProvider; tp != nil {
+		var span trace.Span
+		ctx, span = tp.Tracer("github.com/meshnet/shardd/route").Start(ctx, "shardd.generate",
+			trace.WithAttributes(attribute.Int("shardd.prompt_tokens", len(req.Prompt)), attribute.Int("shardd.max_tokens", req.MaxTokens)))
+		defer span.End()
+	}
 	g := &gen{r: r, ctx: ctx, id: newSessionID(), epoch: 1, framer: frameout.New(bufpool.Default),
 		recv: receive.New(receive.Config{Budget: reassemble.Budget{MaxTensorBytes: 256 << 20}, Checksum: checksum.Policy{Require: true}}, bufpool.Default)}
 	defer g.framer.Close()
 	defer g.recv.Close()
 	g.stats.SessionID, g.stats.PromptTokens = g.id, len(req.Prompt)
+	trace.SpanFromContext(ctx).SetAttributes(attribute.String("shardd.route_session", g.id))
 	for _, h := range r.Hops {
 		g.stats.Hops = append(g.stats.Hops, HopStats{Addr: h.Addr})
 	}

@@ -24,6 +24,10 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -44,6 +48,9 @@ type Options struct {
 	Retries int
 	// DialOptions are added to the defaults (insecure transport).
 	DialOptions []grpc.DialOption
+	// TracerProvider, when set, makes each generation the parent span of
+	// one trace through every hop (W3C trace context in gRPC metadata).
+	TracerProvider trace.TracerProvider
 }
 
 // Hop is one worker of the route.
@@ -84,6 +91,11 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 			// it (bounded by the step's context) instead of failing at once.
 			grpc.WaitForReady(true)),
 	}, opts.DialOptions...)
+	if opts.TracerProvider != nil {
+		dial = append(dial, grpc.WithStatsHandler(otelgrpc.NewClientHandler(
+			otelgrpc.WithTracerProvider(opts.TracerProvider), otelgrpc.WithPropagators(propagation.TraceContext{}),
+			otelgrpc.WithMeterProvider(metricnoop.NewMeterProvider()))))
+	}
 	for _, addr := range addrs {
 		conn, err := grpc.NewClient(addr, dial...)
 		if err != nil {

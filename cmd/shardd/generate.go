@@ -34,6 +34,7 @@ func runGenerate(args []string) error {
 	seed := fs.Uint64("seed", 1, "sampling seed")
 	chunk := fs.Int("prefill-chunk", 0, "tokens per prefill chunk (0: what the workers grant, at most 128)")
 	timeout := fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker")
+	tf := addTelemetryFlags(fs)
 	verifyModel := fs.String("verify-model", "", "whole-model GGUF: also generate greedily in this process and check the tokens match")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -73,7 +74,12 @@ func runGenerate(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	r, err := route.Dial(ctx, splitList(*routeFlag), route.Options{StepTimeout: *timeout, PrefillChunk: *chunk})
+	tel, err := tf.setup("head")
+	if err != nil {
+		return err
+	}
+	defer tel.Shutdown(context.Background())
+	r, err := route.Dial(ctx, splitList(*routeFlag), route.Options{StepTimeout: *timeout, PrefillChunk: *chunk, TracerProvider: tel.TracerProvider()})
 	if err != nil {
 		return err
 	}

@@ -52,6 +52,7 @@ func runServe(args []string) error {
 	requireCRC := fs.Bool("require-checksum", true, "refuse tensors without a CRC32C")
 	drainTimeout := fs.Duration("drain-timeout", 30*time.Second, "how long a drain waits for queued work")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	tf := addTelemetryFlags(fs)
 	poll := fs.Int("poll", 0, "llama.cpp threadpool polling after a forward, 0..100: spinning answers the next step sooner but burns the cores; keep 0 where workers share a machine")
 	verbose := fs.Bool("verbose", false, "pass llama.cpp's own logs through")
 	if err := fs.Parse(args); err != nil {
@@ -80,6 +81,14 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	tel, err := tf.setup(*listen)
+	if err != nil {
+		return err
+	}
+	defer tel.Shutdown(context.Background())
+	if tel.MetricsAddr != "" {
+		log.Info("metrics", "listen", tel.MetricsAddr)
+	}
 	be, err := llamacpp.OpenMeta(llamacpp.Config{
 		Path: *model, Threads: *threads, MaxSeqs: *sessions + 1, CtxTokens: *ctxTokens, MaxBatch: *batch, Poll: *poll, Verbose: *verbose,
 	}, meta)
@@ -93,6 +102,7 @@ func runServe(args []string) error {
 		IterationTokens: *iterTokens, PrefillIterationTokens: *prefillTokens, DecodeQuiet: *decodeQuiet,
 		MaxInflightChunks: uint32(*inflight), MaxChunkBytes: *chunkBytes, MaxPrefillChunkTokens: uint32(*chunkTokens),
 		RequireChecksum: *requireCRC, Boundary: bd, Version: version,
+		TracerProvider: tel.TracerProvider(), MeterProvider: tel.Meter, Propagator: tel.Propagator,
 	}, be, meta, log)
 	defer eng.Close()
 

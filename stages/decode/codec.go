@@ -19,6 +19,7 @@ package decode
 
 import (
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
@@ -41,6 +42,8 @@ type Inbound struct {
 
 	buf          mem.Buffer // reference held until Release; nil when released
 	materialized bool
+	// DecodeStart and DecodeEnd bracket the unmarshal (for tracing).
+	DecodeStart, DecodeEnd time.Time
 	// spare is the decode oneof wrapper kept from the last decode step, handed
 	// back to the generated unmarshal (which reuses a wrapper of the right
 	// kind) only when the next frame starts with the decode field.
@@ -179,6 +182,8 @@ func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
 
 func (c Codec) unmarshalInbound(data mem.BufferSlice, in *Inbound) error {
 	in.Release()
+	in.DecodeStart = time.Now()
+	defer func() { in.DecodeEnd = time.Now() }()
 	var buf mem.Buffer
 	in.materialized = len(data) > 1
 	if len(data) == 1 {

@@ -3,6 +3,8 @@
 package receive
 
 import (
+	"time"
+
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/stages"
@@ -40,17 +42,40 @@ func (p *Pipeline) Pool() *bufpool.Pool { return p.pool }
 // negotiated zstd. On success t holds the uncompressed, verified body; the
 // caller Resets t when done. On error t has been Reset.
 func (p *Pipeline) Tensor(t *stages.Tensor, nt *shardv1.NamedTensor, zstdAccepted bool) error {
+	return p.TensorTimed(t, nt, zstdAccepted, nil)
+}
+
+// Timings are when each stage ended, for tracing; Start is when the first
+// began.
+type Timings struct {
+	Start, Reassembled, Decompressed, Checked time.Time
+}
+
+// TensorTimed is Tensor that records stage boundaries in tm (when not nil).
+func (p *Pipeline) TensorTimed(t *stages.Tensor, nt *shardv1.NamedTensor, zstdAccepted bool, tm *Timings) error {
+	if tm != nil {
+		tm.Start = time.Now()
+	}
 	if err := reassemble.Into(t, nt, p.cfg.Budget); err != nil {
 		t.Reset()
 		return err
+	}
+	if tm != nil {
+		tm.Reassembled = time.Now()
 	}
 	if err := p.dec.Into(t, zstdAccepted); err != nil {
 		t.Reset()
 		return err
 	}
+	if tm != nil {
+		tm.Decompressed = time.Now()
+	}
 	if err := checksum.Verify(t.Checksum, t.Segments(), p.cfg.Checksum); err != nil {
 		t.Reset()
 		return err
+	}
+	if tm != nil {
+		tm.Checked = time.Now()
 	}
 	return nil
 }

@@ -1,0 +1,66 @@
+package engine
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/meshnet/shardd/backend/llamacpp"
+	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/telemetry"
+)
+
+// TestMetricsEndpoint scrapes /metrics after real work and a refusal and
+// finds every named series in Prometheus text format.
+func TestMetricsEndpoint(t *testing.T) {
+	whole, _ := tinyFiles(t)
+	tel, err := telemetry.Setup(context.Background(), telemetry.Config{Service: "shardd", Instance: "test", MetricsListen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(context.Background())
+	meta, _ := gguf.Read(whole)
+	be, err := llamacpp.OpenMeta(llamacpp.Config{Path: whole, Threads: 2, MaxSeqs: 3, CtxTokens: 128, MaxBatch: 32}, meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := startWorker(t, be, meta, Config{MeterProvider: tel.Meter})
+	s := w.open(t, "metrics", 1)
+	if o := s.prefillTokens(1, 1, 2, 3); o.ack == nil {
+		t.Fatal(o.status)
+	}
+	if o := s.decodeToken(2, 9, 4); code(o) != cMiss {
+		t.Fatalf("want a refusal: %v", o.status)
+	}
+	resp, err := http.Get("http://" + tel.MetricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	for _, series := range []string{
+		`shardd_stage_duration_seconds_bucket{stage="forward"`,
+		`shardd_stage_duration_seconds_count{stage="decode"}`,
+		`shardd_stage_duration_seconds_count{stage="queue"}`,
+		`shardd_stage_duration_seconds_count{stage="frameout"}`,
+		"shardd_queue_depth ",
+		"shardd_batch_occupancy ",
+		"shardd_kv_pressure ",
+		"shardd_sessions ",
+		"shardd_evictions_total ",
+		"shardd_preemptions_total ",
+		"shardd_received_bytes_total ",
+		"shardd_sent_payload_bytes_total ",
+		`shardd_errors_total{code="ERROR_CODE_CACHE_MISS"} 1`,
+	} {
+		if !strings.Contains(text, series) {
+			t.Errorf("metrics lack %s", series)
+		}
+	}
+	if t.Failed() {
+		t.Logf("scraped:\n%s", text)
+	}
+}

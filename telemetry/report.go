@@ -1,0 +1,120 @@
+package telemetry
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+)
+
+// StageOrder is the order stages are printed in.
+var StageOrder = []string{"decode", "reassemble", "decompress", "checksum", "queue", "forward", "frameout", "shardd.step"}
+
+// ReadSpans reads JSON-lines span files.
+func ReadSpans(paths ...string) ([]SpanRecord, error) {
+	var out []SpanRecord
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			return nil, err
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		for n := 1; sc.Scan(); n++ {
+			var r SpanRecord
+			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+				f.Close()
+				return nil, fmt.Errorf("telemetry: %s line %d: %v", p, n, err)
+			}
+			out = append(out, r)
+		}
+		f.Close()
+		if err := sc.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+type dist []time.Duration
+
+func (d dist) pct(p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(p*float64(len(s))))]
+}
+
+// Report prints per-hop, per-stage p50/p99 and ranks the hops: which hop is
+// slow, and in which stage.
+func Report(w io.Writer, spans []SpanRecord) {
+	byHop := map[string]map[string]dist{}
+	traces := map[string]bool{}
+	var gens dist
+	for _, s := range spans {
+		d := time.Duration(s.End - s.Start)
+		traces[s.TraceID] = true
+		if s.Name == "shardd.generate" {
+			gens = append(gens, d)
+			continue
+		}
+		if !slices.Contains(StageOrder, s.Name) {
+			continue
+		}
+		hop := s.Instance
+		if hop == "" {
+			hop = "(unnamed)"
+		}
+		if byHop[hop] == nil {
+			byHop[hop] = map[string]dist{}
+		}
+		byHop[hop][s.Name] = append(byHop[hop][s.Name], d)
+	}
+	fmt.Fprintf(w, "%d spans in %d traces", len(spans), len(traces))
+	if len(gens) > 0 {
+		fmt.Fprintf(w, "; %d generations, p50 %s p99 %s", len(gens), gens.pct(0.5).Round(time.Microsecond), gens.pct(0.99).Round(time.Microsecond))
+	}
+	fmt.Fprintln(w)
+	hops := make([]string, 0, len(byHop))
+	for h := range byHop {
+		hops = append(hops, h)
+	}
+	slices.Sort(hops)
+	for _, h := range hops {
+		fmt.Fprintf(w, "\nhop %s\n  %-12s %7s %12s %12s\n", h, "stage", "count", "p50", "p99")
+		for _, st := range StageOrder {
+			d := byHop[h][st]
+			if len(d) == 0 {
+				continue
+			}
+			name := st
+			if st == "shardd.step" {
+				name = "step (all)"
+			}
+			fmt.Fprintf(w, "  %-12s %7d %12s %12s\n", name, len(d), d.pct(0.5).Round(time.Microsecond), d.pct(0.99).Round(time.Microsecond))
+		}
+	}
+	// Slowest hops by step p99, with the stage that costs most at p50.
+	slices.SortFunc(hops, func(a, b string) int {
+		return int(byHop[b]["shardd.step"].pct(0.99) - byHop[a]["shardd.step"].pct(0.99))
+	})
+	fmt.Fprintf(w, "\nslowest hops (by step p99):\n")
+	for i, h := range hops {
+		worst, worstD := "", time.Duration(-1)
+		for _, st := range StageOrder[:len(StageOrder)-1] {
+			if d := byHop[h][st].pct(0.5); d > worstD {
+				worst, worstD = st, d
+			}
+		}
+		fmt.Fprintf(w, "  %d. %-24s step p99 %-12s most time in %s (p50 %s)\n", i+1, h,
+			byHop[h]["shardd.step"].pct(0.99).Round(time.Microsecond), worst, worstD.Round(time.Microsecond))
+	}
+	if len(hops) == 0 {
+		fmt.Fprintln(w, "  (no shardd step spans: were the workers run with --traces?)")
+	}
+}
