@@ -1,7 +1,9 @@
 package bench
 
 import (
+	"context"
 	"net"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -18,6 +20,10 @@ import (
 	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/stages/decode"
 	"github.com/meshnet/shardd/stages/frameout"
+	"github.com/meshnet/shardd/telemetry"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 )
 
 // shardClient is a head's stream to one worker, using the project's codec.
@@ -95,48 +101,9 @@ func percentile(d []time.Duration, p float64) float64 {
 // ping-pong of the same bytes each way, in the same run. Target: p50 <=
 // 1.5x raw (goal 1.2x).
 func BenchmarkDecodeHop(b *testing.B) {
-	const hidden = 4096
-	body := make([]byte, 2*hidden)
-	for i := range body {
-		body[i] = byte(i)
-	}
-	b.Run("shardd", func(b *testing.B) {
-		c := startShard(b, newNoop(hidden, false), noopMeta(), engine.Config{})
-		f := frameout.New(bufpool.Default)
-		defer f.Close()
-		step := &shardv1.DecodeStep{WorkId: "bench", Tensor: &shardv1.NamedTensor{}}
-		f.Frame(step.Tensor, "hidden_states", []int64{1, 1, hidden}, shardv1.DType_DTYPE_BFLOAT16, body, frameout.Options{})
-		req := &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: step}}
-		// Prefill one token so decode steps have a session to continue.
-		prefill := &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Chunk{Chunk: &shardv1.ActivationChunk{
-			Envelope: &shardv1.Envelope{SchemaVersion: 1, WorkId: "p", RouteSessionId: "bench", RouteEpoch: 1,
-				Fingerprint: c.id.Fingerprint, ShardRange: c.id.Range, Phase: shardv1.Phase_PHASE_PREFILL,
-				Position: &shardv1.PositionSpan{TokenCount: 1}, IdempotencyStep: 1,
-				CacheExpectation: &shardv1.CacheExpectation{Mode: shardv1.CacheMode_CACHE_MODE_PREFILL}},
-			Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: []*shardv1.NamedTensor{step.Tensor}},
-		}}}
-		if err := c.stream.Send(prefill); err != nil {
-			b.Fatal(err)
-		}
-		c.untilAck(b)
-		lat := make([]time.Duration, 0, 1<<16)
-		pos := uint64(1)
-		b.ReportAllocs()
-		b.SetBytes(int64(len(body)))
-		for b.Loop() {
-			step.IdempotencyStep, step.Position, step.ExpectedPastLen = pos+1, pos, pos
-			t0 := time.Now()
-			if err := c.stream.Send(req); err != nil {
-				b.Fatal(err)
-			}
-			c.untilAck(b)
-			lat = append(lat, time.Since(t0))
-			pos++
-		}
-		b.ReportMetric(percentile(lat, 0.5), "p50-ns")
-		b.ReportMetric(percentile(lat, 0.99), "p99-ns")
-	})
+	b.Run("shardd", func(b *testing.B) { decodeHop(b, engine.Config{}) })
 	b.Run("raw-grpc", func(b *testing.B) {
+		body := hopBody()
 		cs := startRaw(b, len(body))
 		msg := slices.Clone(body)
 		var in []byte
@@ -156,6 +123,76 @@ func BenchmarkDecodeHop(b *testing.B) {
 		b.ReportMetric(percentile(lat, 0.5), "p50-ns")
 		b.ReportMetric(percentile(lat, 0.99), "p99-ns")
 	})
+}
+
+// BenchmarkDecodeHopTracing: the same hop uninstrumented, with the
+// instrumentation in place but tracing off (a no-op tracer provider: stage
+// timestamps taken, otelgrpc installed, nothing recorded), and with every
+// span recorded and exported to a JSON-lines file. Targets: disabled <= 1.03x
+// uninstrumented, recorded <= 1.15x.
+func BenchmarkDecodeHopTracing(b *testing.B) {
+	b.Run("uninstrumented", func(b *testing.B) { decodeHop(b, engine.Config{}) })
+	b.Run("tracing-disabled", func(b *testing.B) {
+		decodeHop(b, engine.Config{TracerProvider: tracenoop.NewTracerProvider()})
+	})
+	b.Run("traced-to-file", func(b *testing.B) {
+		exp, err := telemetry.NewFileExporter(filepath.Join(b.TempDir(), "spans.jsonl"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+		defer tp.Shutdown(context.Background())
+		decodeHop(b, engine.Config{TracerProvider: tp})
+	})
+}
+
+func hopBody() []byte {
+	body := make([]byte, 2*4096)
+	for i := range body {
+		body[i] = byte(i)
+	}
+	return body
+}
+
+// decodeHop measures request-to-Ack latency of decode steps through one
+// worker configured with cfg.
+func decodeHop(b *testing.B, cfg engine.Config) {
+	const hidden = 4096
+	body := hopBody()
+	c := startShard(b, newNoop(hidden, false), noopMeta(), cfg)
+	f := frameout.New(bufpool.Default)
+	defer f.Close()
+	step := &shardv1.DecodeStep{WorkId: "bench", Tensor: &shardv1.NamedTensor{}}
+	f.Frame(step.Tensor, "hidden_states", []int64{1, 1, hidden}, shardv1.DType_DTYPE_BFLOAT16, body, frameout.Options{})
+	req := &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: step}}
+	// Prefill one token so decode steps have a session to continue.
+	prefill := &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Chunk{Chunk: &shardv1.ActivationChunk{
+		Envelope: &shardv1.Envelope{SchemaVersion: 1, WorkId: "p", RouteSessionId: "bench", RouteEpoch: 1,
+			Fingerprint: c.id.Fingerprint, ShardRange: c.id.Range, Phase: shardv1.Phase_PHASE_PREFILL,
+			Position: &shardv1.PositionSpan{TokenCount: 1}, IdempotencyStep: 1,
+			CacheExpectation: &shardv1.CacheExpectation{Mode: shardv1.CacheMode_CACHE_MODE_PREFILL}},
+		Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: []*shardv1.NamedTensor{step.Tensor}},
+	}}}
+	if err := c.stream.Send(prefill); err != nil {
+		b.Fatal(err)
+	}
+	c.untilAck(b)
+	lat := make([]time.Duration, 0, 1<<16)
+	pos := uint64(1)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		step.IdempotencyStep, step.Position, step.ExpectedPastLen = pos+1, pos, pos
+		t0 := time.Now()
+		if err := c.stream.Send(req); err != nil {
+			b.Fatal(err)
+		}
+		c.untilAck(b)
+		lat = append(lat, time.Since(t0))
+		pos++
+	}
+	b.ReportMetric(percentile(lat, 0.5), "p50-ns")
+	b.ReportMetric(percentile(lat, 0.99), "p99-ns")
 }
 
 // BenchmarkPrefillIngest: 64 MiB of hidden states in 4 MiB chunks (512

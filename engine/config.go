@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
@@ -51,7 +50,6 @@ type Config struct {
 	// nil leaves the engine uninstrumented (nothing is timed).
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
-	Propagator     propagation.TextMapPropagator
 }
 
 // Defaults fills zero fields.

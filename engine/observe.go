@@ -5,16 +5,14 @@ import (
 	"math"
 	"time"
 
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/grpc"
 
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/tracectx"
 	"github.com/meshnet/shardd/stages/receive"
 )
 
@@ -49,6 +47,9 @@ type observer struct {
 	errs     metric.Int64Counter
 	bytesIn  metric.Int64Counter
 	bytesOut metric.Int64Counter
+	// stageOpt holds each stage's attribute set, made once: recording with
+	// a fresh attribute per call would allocate on every step.
+	stageOpt map[string][]metric.RecordOption
 }
 
 func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) {
@@ -67,6 +68,12 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	o.stage, _ = m.Float64Histogram("shardd.stage.duration", metric.WithUnit("s"),
 		metric.WithDescription("time a unit of work spent in each stage"),
 		metric.WithExplicitBucketBoundaries(1e-6, 5e-6, 2e-5, 1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.05, 0.1, 0.5, 1, 5))
+	// Passing a ready slice with ... costs nothing; building the variadic
+	// slice per call escapes through the interface and allocates.
+	o.stageOpt = map[string][]metric.RecordOption{}
+	for _, st := range []string{stageDecode, stageReassemble, stageDecompress, stageChecksum, stageQueue, stageForward, stageFrameOut} {
+		o.stageOpt[st] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("stage", st)))}
+	}
 	o.errs, _ = m.Int64Counter("shardd.errors", metric.WithDescription("units of work refused, by ErrorCode"))
 	o.bytesIn, _ = m.Int64Counter("shardd.received", metric.WithUnit("By"), metric.WithDescription("serialized work messages received"))
 	o.bytesOut, _ = m.Int64Counter("shardd.sent.payload", metric.WithUnit("By"), metric.WithDescription("result tensor bytes sent"))
@@ -92,19 +99,16 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	counter("shardd.preemptions", "prefill iterations stopped for a decode step", e.preemptions.Load)
 }
 
-// grpcOptions add the server-side gRPC instrumentation when tracing: the
-// incoming span (propagated in W3C traceparent metadata) becomes the parent
-// of every step's spans.
-func (e *Engine) grpcOptions(tp trace.TracerProvider, prop propagation.TextMapPropagator) []grpc.ServerOption {
-	if tp == nil {
-		return nil
+// sessionContext returns the context a stream's spans hang from: a server
+// span for the stream, parented to the trace context the initiator sent in
+// the stream's metadata (see internal/tracectx). Without tracing it returns
+// ctx and a no-op end.
+func (e *Engine) sessionContext(ctx context.Context) (context.Context, func()) {
+	if e.obs.tracer == nil {
+		return ctx, func() {}
 	}
-	if prop == nil {
-		prop = propagation.TraceContext{}
-	}
-	return []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(
-		otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(prop),
-		otelgrpc.WithMeterProvider(metricnoop.NewMeterProvider())))}
+	ctx, span := e.obs.tracer.Start(tracectx.Extract(ctx), "shardd.session", trace.WithSpanKind(trace.SpanKindServer))
+	return ctx, func() { span.End() }
 }
 
 // recordStep emits a finished step's spans and stage durations. It runs on
@@ -131,7 +135,7 @@ func (st *stream) recordStep(r *result, sent time.Time) {
 	if o.stage != nil {
 		for _, s := range stages {
 			if !s.start.IsZero() && !s.end.IsZero() {
-				o.stage.Record(ctx, s.end.Sub(s.start).Seconds(), metric.WithAttributes(attribute.String("stage", s.name)))
+				o.stage.Record(ctx, s.end.Sub(s.start).Seconds(), o.stageOpt[s.name]...)
 			}
 		}
 	}

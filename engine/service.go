@@ -22,12 +22,12 @@ import (
 // the shared buffer pool, and message limits from the flow-control budget.
 func (e *Engine) ServerOptions() []grpc.ServerOption {
 	limit := int(e.cfg.MaxChunkBytes) + 64<<10
-	return append([]grpc.ServerOption{
+	return []grpc.ServerOption{
 		grpc.ForceServerCodecV2(decode.Codec{Pool: e.pool}),
 		experimental.BufferPool(e.pool),
 		grpc.MaxRecvMsgSize(limit),
 		grpc.MaxSendMsgSize(limit),
-	}, e.grpcOptions(e.cfg.TracerProvider, e.cfg.Propagator)...)
+	}
 }
 
 // GetCapability reports what this worker can execute, proven by the

@@ -263,7 +263,9 @@ func statusFor(session, workID string, step uint64, err error) *shardv1.ShardSta
 func (e *Engine) Session(ss grpc.BidiStreamingServer[shardv1.SessionRequest, shardv1.SessionResponse]) error {
 	e.streams.Add(1)
 	defer e.streams.Done()
-	ctx, cancel := context.WithCancel(ss.Context())
+	sctx, endSpan := e.sessionContext(ss.Context())
+	defer endSpan()
+	ctx, cancel := context.WithCancel(sctx)
 	st := &stream{e: e, ss: ss, ctx: ctx, cancel: cancel, sendDone: make(chan struct{})}
 
 	in := inboundPool.Get().(*decode.Inbound)

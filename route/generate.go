@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/tracectx"
 	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/stages"
 	"github.com/meshnet/shardd/stages/checksum"
@@ -164,6 +165,14 @@ func (g *gen) open(i int) error {
 	}
 	h := g.r.Hops[i]
 	ctx, cancel := context.WithCancel(g.ctx)
+	if tp := g.r.opts.TracerProvider; tp != nil {
+		var span trace.Span
+		ctx, span = tp.Tracer("github.com/meshnet/shardd/route").Start(ctx, "shardd.hop",
+			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attribute.String("shardd.hop", h.Addr)))
+		ctx = tracectx.Inject(ctx)
+		cancelCtx := cancel
+		cancel = func() { cancelCtx(); span.End() }
+	}
 	openCtx, openCancel := context.WithTimeout(ctx, g.r.opts.StepTimeout)
 	defer openCancel()
 	stop := context.AfterFunc(openCtx, func() {

@@ -24,9 +24,6 @@ import (
 	"fmt"
 	"time"
 
-	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
-	metricnoop "go.opentelemetry.io/otel/metric/noop"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -49,7 +46,8 @@ type Options struct {
 	// DialOptions are added to the defaults (insecure transport).
 	DialOptions []grpc.DialOption
 	// TracerProvider, when set, makes each generation the parent span of
-	// one trace through every hop (W3C trace context in gRPC metadata).
+	// one trace through every hop: a client span per hop stream, whose W3C
+	// trace context travels in the stream's metadata.
 	TracerProvider trace.TracerProvider
 }
 
@@ -91,11 +89,7 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 			// it (bounded by the step's context) instead of failing at once.
 			grpc.WaitForReady(true)),
 	}, opts.DialOptions...)
-	if opts.TracerProvider != nil {
-		dial = append(dial, grpc.WithStatsHandler(otelgrpc.NewClientHandler(
-			otelgrpc.WithTracerProvider(opts.TracerProvider), otelgrpc.WithPropagators(propagation.TraceContext{}),
-			otelgrpc.WithMeterProvider(metricnoop.NewMeterProvider()))))
-	}
+
 	for _, addr := range addrs {
 		conn, err := grpc.NewClient(addr, dial...)
 		if err != nil {

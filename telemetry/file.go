@@ -3,8 +3,8 @@ package telemetry
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"os"
+	"strconv"
 	"sync"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -26,9 +26,10 @@ type SpanRecord struct {
 // FileExporter writes finished spans as JSON lines, for offline debugging
 // with `shardd trace-report`.
 type FileExporter struct {
-	mu sync.Mutex // guards w
-	f  *os.File
-	w  *bufio.Writer
+	mu  sync.Mutex // guards f, w and buf
+	f   *os.File
+	w   *bufio.Writer
+	buf []byte
 }
 
 // NewFileExporter appends to path.
@@ -40,38 +41,63 @@ func NewFileExporter(path string) (*FileExporter, error) {
 	return &FileExporter{f: f, w: bufio.NewWriterSize(f, 64<<10)}, nil
 }
 
-// ExportSpans writes spans and flushes.
+// ExportSpans writes spans and flushes. The encoder appends into one reused
+// buffer: an exporter that allocates per span competes for the cores the
+// worker needs.
 func (e *FileExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlySpan) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	enc := json.NewEncoder(e.w)
 	for _, s := range spans {
-		r := SpanRecord{
-			TraceID: s.SpanContext().TraceID().String(), SpanID: s.SpanContext().SpanID().String(),
-			Name: s.Name(), Start: s.StartTime().UnixNano(), End: s.EndTime().UnixNano(),
-		}
+		b := e.buf[:0]
+		b = append(b, `{"trace_id":"`...)
+		b = appendHex(b, s.SpanContext().TraceID())
+		b = append(b, `","span_id":"`...)
+		b = appendHex(b, s.SpanContext().SpanID())
+		b = append(b, '"')
 		if p := s.Parent(); p.IsValid() {
-			r.Parent = p.SpanID().String()
+			b = append(b, `,"parent_span_id":"`...)
+			b = appendHex(b, p.SpanID())
+			b = append(b, '"')
 		}
+		b = append(b, `,"name":`...)
+		b = strconv.AppendQuote(b, s.Name())
 		for _, kv := range s.Resource().Attributes() {
 			switch kv.Key {
 			case "service.name":
-				r.Service = kv.Value.Emit()
+				b = append(b, `,"service":`...)
+				b = strconv.AppendQuote(b, kv.Value.Emit())
 			case "service.instance.id":
-				r.Instance = kv.Value.Emit()
+				b = append(b, `,"instance":`...)
+				b = strconv.AppendQuote(b, kv.Value.Emit())
 			}
 		}
+		b = append(b, `,"start_unix_nano":`...)
+		b = strconv.AppendInt(b, s.StartTime().UnixNano(), 10)
+		b = append(b, `,"end_unix_nano":`...)
+		b = strconv.AppendInt(b, s.EndTime().UnixNano(), 10)
 		if attrs := s.Attributes(); len(attrs) > 0 {
-			r.Attrs = make(map[string]string, len(attrs))
-			for _, kv := range attrs {
-				r.Attrs[string(kv.Key)] = kv.Value.Emit()
+			b = append(b, `,"attributes":{`...)
+			for i, kv := range attrs {
+				if i > 0 {
+					b = append(b, ',')
+				}
+				b = strconv.AppendQuote(b, string(kv.Key))
+				b = append(b, ':')
+				b = strconv.AppendQuote(b, kv.Value.Emit())
 			}
+			b = append(b, '}')
 		}
-		if err := enc.Encode(&r); err != nil {
+		b = append(b, "}\n"...)
+		e.buf = b
+		if _, err := e.w.Write(b); err != nil {
 			return err
 		}
 	}
 	return e.w.Flush()
+}
+
+func appendHex[T interface{ String() string }](b []byte, id T) []byte {
+	return append(b, id.String()...)
 }
 
 // Shutdown flushes and closes the file.

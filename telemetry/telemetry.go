@@ -23,7 +23,6 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -50,7 +49,6 @@ type Config struct {
 type Telemetry struct {
 	Tracer      trace.TracerProvider
 	Meter       metric.MeterProvider
-	Propagator  propagation.TextMapPropagator
 	MetricsAddr string // the bound address when metrics are served
 	Tracing     bool
 
@@ -59,7 +57,7 @@ type Telemetry struct {
 
 // Setup builds the providers.
 func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
-	t := &Telemetry{Tracer: noop.NewTracerProvider(), Propagator: propagation.TraceContext{}}
+	t := &Telemetry{Tracer: noop.NewTracerProvider()}
 	res := resource.NewSchemaless(
 		attribute.String("service.name", cfg.Service),
 		attribute.String("service.instance.id", cfg.Instance),

@@ -102,7 +102,7 @@ func runServe(args []string) error {
 		IterationTokens: *iterTokens, PrefillIterationTokens: *prefillTokens, DecodeQuiet: *decodeQuiet,
 		MaxInflightChunks: uint32(*inflight), MaxChunkBytes: *chunkBytes, MaxPrefillChunkTokens: uint32(*chunkTokens),
 		RequireChecksum: *requireCRC, Boundary: bd, Version: version,
-		TracerProvider: tel.TracerProvider(), MeterProvider: tel.Meter, Propagator: tel.Propagator,
+		TracerProvider: tel.TracerProvider(), MeterProvider: tel.Meter,
 	}, be, meta, log)
 	defer eng.Close()
 
