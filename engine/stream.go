@@ -450,7 +450,7 @@ func (e *Engine) handle(st *stream, in *decode.Inbound) {
 
 // onWork validates a chunk (env, bundle) or a decode step (d) and submits it.
 func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d *shardv1.DecodeStep, b *shardv1.TensorBundle) {
-	w := &work{st: st, in: in, received: time.Now(), epoch: st.epoch, bytesIn: in.Len()}
+	w := &work{st: st, in: in, epoch: st.epoch, bytesIn: in.Len()}
 	if e.obs.on {
 		w.tm.decodeStart, w.tm.decodeEnd = in.DecodeStart, in.DecodeEnd
 		e.obs.bytesIn.Add(st.ctx, int64(in.Len()))

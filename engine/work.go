@@ -39,7 +39,6 @@ type work struct {
 	final    bool // last chunk of a prefill (or a single-chunk prefill)
 	chunk    chunkInfo
 	deadline int64
-	received time.Time
 	tm       timings // when the engine observes
 	bytesIn  int
 
