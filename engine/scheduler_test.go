@@ -119,3 +119,28 @@ func TestNewerEpochSupersedes(t *testing.T) {
 		t.Fatalf("old epoch after the new one: %v", o.status)
 	}
 }
+
+// An evicted session's next DECODE is a declared CACHE_MISS (actual 0), and
+// the backend sequence it held serves the session that displaced it.
+func TestEvictedSessionMisses(t *testing.T) {
+	whole, _ := tinyFiles(t)
+	w := startLlama(t, whole, Config{MaxSessions: 1})
+	a, b := w.open(t, "evict-a", 1), w.open(t, "evict-b", 1)
+	if o := a.prefillTokens(1, 1, 2, 3); o.ack == nil {
+		t.Fatal(o.status)
+	}
+	if o := b.prefillTokens(1, 4, 5); o.ack == nil { // the only slot: a is evicted
+		t.Fatal(o.status)
+	}
+	if o := a.decodeToken(2, 3, 6); code(o) != cMiss || o.status.Error.ActualPastLen != 0 {
+		t.Fatalf("evicted session: %v", o.status)
+	}
+	if o := b.decodeToken(2, 2, 6); o.ack == nil || o.ack.CacheResult.PastLen != 3 {
+		t.Fatalf("the new session: %v", o.status)
+	}
+	var evictions int64
+	waitFor(t, w.eng, func() bool { evictions = int64(w.eng.sched.store.Evictions); return true })
+	if evictions != 1 {
+		t.Fatalf("evictions %d", evictions)
+	}
+}
