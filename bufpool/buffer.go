@@ -68,6 +68,3 @@ func (b *Buffer) Release() {
 	b.data, b.pool = nil, nil
 	recycleBufferStruct(b)
 }
-
-// Refs reports the current reference count (for tests and invariants).
-func (b *Buffer) Refs() int32 { return b.refs.Load() }

@@ -3,7 +3,6 @@ package engine
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"strings"
 
 	"github.com/meshnet/shardd/backend"
@@ -113,9 +112,4 @@ func (id Identity) checkRange(r *shardv1.ShardRange) error {
 		return wireerr.Errorf(ErrEffectiveStart, "effective start %d, this shard starts at %d", r.EffectiveStartLayer, want.StartLayer)
 	}
 	return nil
-}
-
-func (id Identity) String() string {
-	return fmt.Sprintf("layers %d:%d model %s recipe %s", id.Range.StartLayer, id.Range.EndLayer,
-		id.Fingerprint.ModelArtifactDigest, id.Fingerprint.RuntimeRecipeDigest)
 }

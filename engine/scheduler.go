@@ -74,13 +74,14 @@ func (s *scheduler) run() {
 			case op := <-e.control:
 				s.runOp(op)
 			case <-sweep.C:
-				s.store.Sweep()
-				s.publish(0)
+				s.sweep()
 			case <-e.stop:
 				s.shutdown()
 				return
 			}
 		}
+		// Take everything else that is ready without waiting. (Go has no
+		// conditional default, hence the second select.)
 		for more := true; more; {
 			select {
 			case w := <-e.submitQ:
@@ -88,7 +89,7 @@ func (s *scheduler) run() {
 			case op := <-e.control:
 				s.runOp(op)
 			case <-sweep.C:
-				s.store.Sweep()
+				s.sweep()
 			case <-e.stop:
 				s.shutdown()
 				return
@@ -100,6 +101,12 @@ func (s *scheduler) run() {
 			s.iterate()
 		}
 	}
+}
+
+// sweep evicts expired sessions and publishes the store's figures.
+func (s *scheduler) sweep() {
+	s.store.Sweep()
+	s.publish(0)
 }
 
 // runOp runs a control operation (cancel, release, a query) after taking in

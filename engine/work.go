@@ -117,7 +117,8 @@ func (w *work) releaseInput() {
 }
 
 // int32s views little-endian int32 bytes as []int32 without copying (the
-// project targets little-endian machines; see checkLittleEndian).
+// project targets little-endian machines; see checkLittleEndian). b must be
+// 4-byte aligned: see alignedBody.
 func int32s(b []byte) []int32 {
 	if len(b) < 4 {
 		return nil
@@ -125,12 +126,28 @@ func int32s(b []byte) []int32 {
 	return unsafe.Slice((*int32)(unsafe.Pointer(&b[0])), len(b)/4)
 }
 
-// f32s views little-endian float32 bytes as []float32 without copying.
+// f32s views little-endian float32 bytes as []float32 without copying; b
+// must be 4-byte aligned.
 func f32s(b []byte) []float32 {
 	if len(b) < 4 {
 		return nil
 	}
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
+}
+
+// alignedBody returns t's body 4-byte aligned for int32s and f32s. A payload
+// aliases the received message at whatever offset protobuf put it, so it may
+// be misaligned; then it is copied once into a pooled buffer (pooled memory
+// is allocated aligned) that t owns.
+func alignedBody(t *stages.Tensor, body []byte, pool *bufpool.Pool) []byte {
+	if len(body) == 0 || uintptr(unsafe.Pointer(&body[0]))%4 == 0 {
+		return body
+	}
+	buf := pool.Alloc(len(body))
+	b := buf.Bytes()
+	copy(b, body)
+	t.SetBody(b, buf)
+	return b
 }
 
 func init() { checkLittleEndian() }
@@ -204,7 +221,7 @@ func (e *Engine) parseInput(w *work, nt *shardv1.NamedTensor, zstdOK bool) error
 		if w.hidden.DType != shardv1.DType_DTYPE_INT32 || elems != int64(w.tokens) {
 			return wireerr.Errorf(ErrTensorShape, "input_ids must be INT32 with %d elements", w.tokens)
 		}
-		w.tokenIDs = int32s(body)
+		w.tokenIDs = int32s(alignedBody(&w.hidden, body, e.pool))
 		for _, id := range w.tokenIDs {
 			if id < 0 || int(id) >= e.info.Vocab {
 				return wireerr.Errorf(ErrTokenRange, "token %d, vocabulary %d", id, e.info.Vocab)
@@ -220,6 +237,7 @@ func (e *Engine) parseInput(w *work, nt *shardv1.NamedTensor, zstdOK bool) error
 	case shardv1.DType_DTYPE_BFLOAT16:
 	case shardv1.DType_DTYPE_FLOAT32:
 		w.hiddenF = true
+		body = alignedBody(&w.hidden, body, e.pool)
 	default:
 		return wireerr.Errorf(ErrTensorShape, "hidden_states must be BFLOAT16 or FLOAT32, not %s", w.hidden.DType)
 	}

@@ -50,13 +50,13 @@ func (e *FileExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlyS
 	for _, s := range spans {
 		b := e.buf[:0]
 		b = append(b, `{"trace_id":"`...)
-		b = appendHex(b, s.SpanContext().TraceID())
+		b = append(b, s.SpanContext().TraceID().String()...)
 		b = append(b, `","span_id":"`...)
-		b = appendHex(b, s.SpanContext().SpanID())
+		b = append(b, s.SpanContext().SpanID().String()...)
 		b = append(b, '"')
 		if p := s.Parent(); p.IsValid() {
 			b = append(b, `,"parent_span_id":"`...)
-			b = appendHex(b, p.SpanID())
+			b = append(b, p.SpanID().String()...)
 			b = append(b, '"')
 		}
 		b = append(b, `,"name":`...)
@@ -94,10 +94,6 @@ func (e *FileExporter) ExportSpans(_ context.Context, spans []sdktrace.ReadOnlyS
 		}
 	}
 	return e.w.Flush()
-}
-
-func appendHex[T interface{ String() string }](b []byte, id T) []byte {
-	return append(b, id.String()...)
 }
 
 // Shutdown flushes and closes the file.

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -145,10 +144,4 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	}
 	t.shutdown = nil
 	return errors.Join(errs...)
-}
-
-// Hostname is a default instance name.
-func Hostname() string {
-	h, _ := os.Hostname()
-	return h
 }

@@ -1,0 +1,37 @@
+package engine
+
+import (
+	"bytes"
+	"testing"
+	"unsafe"
+
+	"github.com/meshnet/shardd/bufpool/bufpooltest"
+	"github.com/meshnet/shardd/stages"
+)
+
+// A payload aliasing the message at an odd offset is copied to aligned
+// memory before int32s/f32s view it; an aligned one is used as is.
+func TestAlignedBody(t *testing.T) {
+	pool := bufpooltest.New(t)
+	backing := make([]byte, 64+1)
+	for i := range backing {
+		backing[i] = byte(i)
+	}
+	var tensor stages.Tensor
+	defer tensor.Reset()
+	odd := backing[1:]
+	if uintptr(unsafe.Pointer(&odd[0]))%4 == 0 {
+		odd = backing[2:]
+	}
+	got := alignedBody(&tensor, odd, pool)
+	if uintptr(unsafe.Pointer(&got[0]))%4 != 0 || !bytes.Equal(got, odd) || &got[0] == &odd[0] {
+		t.Fatal("misaligned body was not copied to aligned memory")
+	}
+	if v := int32s(got); len(v) != len(odd)/4 {
+		t.Fatalf("view of %d values", len(v))
+	}
+	aligned := backing[:64:64]
+	if uintptr(unsafe.Pointer(&aligned[0]))%4 == 0 && &alignedBody(&tensor, aligned, pool)[0] != &aligned[0] {
+		t.Fatal("aligned body was copied")
+	}
+}
