@@ -30,6 +30,7 @@ import (
 type shardClient struct {
 	stream grpc.BidiStreamingClient[shardv1.SessionRequest, shardv1.SessionResponse]
 	id     engine.Identity
+	eng    *engine.Engine
 }
 
 // startShard serves be through an engine on loopback and opens a session.
@@ -71,7 +72,7 @@ func startShard(b *testing.B, be backend.Backend, meta gguf.Meta, cfg engine.Con
 		srv.Stop()
 		eng.Close()
 	})
-	return &shardClient{stream: stream, id: id}
+	return &shardClient{stream: stream, id: id, eng: eng}
 }
 
 // untilAck reads responses up to the next Ack (or fails on a status).
@@ -144,7 +145,12 @@ func BenchmarkDecodeHopTracing(b *testing.B) {
 		// Blocking: the batch processor's default drops spans when its queue
 		// is full, which at this rate would measure fewer spans than promised.
 		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, sdktrace.WithBlocking()), sdktrace.WithSampler(sdktrace.AlwaysSample()))
-		decodeHop(b, engine.Config{TracerProvider: tp})
+		c := decodeHop(b, engine.Config{TracerProvider: tp})
+		// Spans are made by the engine's recorder after each reply; wait
+		// for the last ones before the provider shuts down.
+		if err := c.eng.FlushTelemetry(context.Background()); err != nil {
+			b.Fatal(err)
+		}
 		tp.Shutdown(context.Background())
 		spans, err := telemetry.ReadSpans(path)
 		if err != nil {
@@ -169,8 +175,8 @@ func hopBody() []byte {
 }
 
 // decodeHop measures request-to-Ack latency of decode steps through one
-// worker configured with cfg.
-func decodeHop(b *testing.B, cfg engine.Config) {
+// worker configured with cfg, and returns the client it used.
+func decodeHop(b *testing.B, cfg engine.Config) *shardClient {
 	const hidden = 4096
 	body := hopBody()
 	c := startShard(b, newNoop(hidden, false), noopMeta(), cfg)
@@ -207,6 +213,7 @@ func decodeHop(b *testing.B, cfg engine.Config) {
 	}
 	b.ReportMetric(percentile(lat, 0.5), "p50-ns")
 	b.ReportMetric(percentile(lat, 0.99), "p99-ns")
+	return c
 }
 
 // BenchmarkPrefillIngest: 64 MiB of hidden states in 4 MiB chunks (512

@@ -141,6 +141,7 @@ func (e *Engine) Close() {
 	close(e.stop)
 	<-e.stopped
 	e.streams.Wait()
+	e.obs.stopRecorder()
 	e.recv.Close()
 	e.framer.Close()
 }

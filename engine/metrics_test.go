@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/meshnet/shardd/backend/llamacpp"
 	"github.com/meshnet/shardd/gguf"
@@ -34,6 +35,9 @@ func TestMetricsEndpoint(t *testing.T) {
 	if o := s.decodeToken(2, 9, 4); code(o) != cMiss {
 		t.Fatalf("want a refusal: %v", o.status)
 	}
+	if err := w.eng.FlushTelemetry(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	resp, err := http.Get("http://" + tel.MetricsAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -52,6 +56,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		"shardd_sessions ",
 		"shardd_evictions_total ",
 		"shardd_preemptions_total ",
+		"shardd_telemetry_dropped_total ",
 		"shardd_received_bytes_total ",
 		"shardd_sent_payload_bytes_total ",
 		`shardd_errors_total{code="ERROR_CODE_CACHE_MISS"} 1`,
@@ -62,5 +67,25 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("scraped:\n%s", text)
+	}
+}
+
+// TestRecorderQueueFullDrops: when the recorder cannot keep up, a finished
+// step is dropped and counted instead of blocking the send goroutine; what
+// was queued is still recorded.
+func TestRecorderQueueFullDrops(t *testing.T) {
+	e := &Engine{}
+	o := &e.obs
+	o.on = true
+	o.records = make(chan stepRecord, 1)
+	st := &stream{e: e, ctx: context.Background()}
+	r := &result{workID: "w", session: "s", step: 7}
+	st.recordStep(r, time.Now())
+	st.recordStep(r, time.Now()) // queue full: dropped, not blocked
+	if got := o.dropped.Load(); got != 1 {
+		t.Fatalf("dropped %d, want 1", got)
+	}
+	if rec := <-o.records; rec.workID != "w" || rec.step != 7 {
+		t.Fatalf("queued record %+v", rec)
 	}
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -50,6 +51,10 @@ type observer struct {
 	// stageOpt holds each stage's attribute set, made once: recording with
 	// a fresh attribute per call would allocate on every step.
 	stageOpt map[string][]metric.RecordOption
+
+	records      chan stepRecord // to the recorder goroutine
+	recorderDone chan struct{}
+	dropped      atomic.Int64 // steps not recorded: the queue was full
 }
 
 func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) {
@@ -97,6 +102,10 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	}
 	counter("shardd.evictions", "sessions evicted by budget or TTL", e.statEvictions.Load)
 	counter("shardd.preemptions", "prefill iterations stopped for a decode step", e.preemptions.Load)
+	counter("shardd.telemetry.dropped", "finished steps whose spans and stage durations were dropped: the recorder's queue was full", o.dropped.Load)
+	o.records = make(chan stepRecord, recordQueue)
+	o.recorderDone = make(chan struct{})
+	go o.runRecorder()
 }
 
 // sessionContext returns the context a stream's spans hang from: a server
@@ -111,14 +120,64 @@ func (e *Engine) sessionContext(ctx context.Context) (context.Context, func()) {
 	return ctx, func() { span.End() }
 }
 
-// recordStep emits a finished step's spans and stage durations. It runs on
-// the stream's send goroutine, after the result went out.
+// stepRecord is what recording needs of a finished step, copied out of the
+// result (which the send goroutine releases right after sending).
+type stepRecord struct {
+	ctx                   context.Context // the stream's: its span is the parent
+	tm                    timings
+	sent                  time.Time
+	workID, session, mode string
+	step, epoch, pastLen  uint64
+	tokens, first         int
+	bytesIn, bytesOut     int
+	cacheHit              bool
+	flushed               chan struct{} // set on a flush marker: closed when reached
+}
+
+// recordQueue bounds the steps waiting for the recorder. When it is full
+// (the recorder cannot keep up) a step's spans and stage durations are
+// dropped and counted in shardd.telemetry.dropped rather than delaying the
+// data plane.
+const recordQueue = 4096
+
+// recordStep hands a finished step to the recorder goroutine. It runs on
+// the stream's send goroutine after the result went out: the spans and
+// histograms are made elsewhere so that the next reply never waits on them.
 func (st *stream) recordStep(r *result, sent time.Time) {
 	o := &st.e.obs
 	if !o.on {
 		return
 	}
-	tm := &r.tm
+	rec := stepRecord{
+		ctx: st.ctx, tm: r.tm, sent: sent,
+		workID: r.workID, session: r.session, mode: r.mode.String(),
+		step: r.step, epoch: r.epoch, pastLen: r.pastLen,
+		tokens: r.tokens, first: r.first,
+		bytesIn: r.bytesIn, bytesOut: bodyLen(r), cacheHit: r.cacheHit,
+	}
+	select {
+	case o.records <- rec:
+	default:
+		o.dropped.Add(1)
+	}
+}
+
+// runRecorder records queued steps until the queue is closed.
+func (o *observer) runRecorder() {
+	defer close(o.recorderDone)
+	for rec := range o.records {
+		if rec.flushed != nil {
+			close(rec.flushed)
+			continue
+		}
+		o.record(&rec)
+	}
+}
+
+// record emits one step's stage durations and, when its stream is sampled,
+// its spans: a shardd.step span with a child per stage.
+func (o *observer) record(rec *stepRecord) {
+	tm := &rec.tm
 	stages := [...]struct {
 		name       string
 		start, end time.Time
@@ -129,19 +188,15 @@ func (st *stream) recordStep(r *result, sent time.Time) {
 		{stageChecksum, tm.recv.Decompressed, tm.recv.Checked},
 		{stageQueue, tm.submitted, tm.started},
 		{stageForward, tm.started, tm.completed},
-		{stageFrameOut, tm.completed, sent},
+		{stageFrameOut, tm.completed, rec.sent},
 	}
-	ctx := st.ctx
-	if o.stage != nil {
-		for _, s := range stages {
-			if !s.start.IsZero() && !s.end.IsZero() {
-				o.stage.Record(ctx, s.end.Sub(s.start).Seconds(), o.stageOpt[s.name]...)
-			}
+	ctx := rec.ctx
+	for _, s := range stages {
+		if !s.start.IsZero() && !s.end.IsZero() {
+			o.stage.Record(ctx, s.end.Sub(s.start).Seconds(), o.stageOpt[s.name]...)
 		}
 	}
-	if r.body != nil {
-		o.bytesOut.Add(ctx, int64(r.body.Len()))
-	}
+	o.bytesOut.Add(ctx, int64(rec.bytesOut))
 	if o.tracer == nil || !trace.SpanContextFromContext(ctx).IsSampled() {
 		return
 	}
@@ -150,30 +205,62 @@ func (st *stream) recordStep(r *result, sent time.Time) {
 		start = tm.submitted
 	}
 	sctx, step := o.tracer.Start(ctx, "shardd.step", trace.WithTimestamp(start), trace.WithAttributes(
-		attribute.String("shardd.work_id", r.workID),
-		attribute.String("shardd.route_session", r.session),
-		attribute.Int64("shardd.step", int64(r.step)),
-		attribute.Int64("shardd.epoch", int64(r.epoch)),
-		attribute.Int("shardd.tokens", r.tokens),
-		attribute.Int("shardd.first_position", r.first),
-		attribute.Bool("shardd.cache_hit", r.cacheHit),
-		attribute.Int64("shardd.past_len", int64(r.pastLen)),
-		attribute.String("shardd.mode", r.mode.String()),
+		attribute.String("shardd.work_id", rec.workID),
+		attribute.String("shardd.route_session", rec.session),
+		attribute.Int64("shardd.step", int64(rec.step)),
+		attribute.Int64("shardd.epoch", int64(rec.epoch)),
+		attribute.Int("shardd.tokens", rec.tokens),
+		attribute.Int("shardd.first_position", rec.first),
+		attribute.Bool("shardd.cache_hit", rec.cacheHit),
+		attribute.Int64("shardd.past_len", int64(rec.pastLen)),
+		attribute.String("shardd.mode", rec.mode),
 	))
 	for _, s := range stages {
 		if s.start.IsZero() || s.end.IsZero() {
 			continue
 		}
 		_, sp := o.tracer.Start(sctx, s.name, trace.WithTimestamp(s.start))
-		if s.name == stageForward || s.name == stageFrameOut {
-			sp.SetAttributes(attribute.Int("shardd.bytes_out", bodyLen(r)))
-		}
-		if s.name == stageDecode {
-			sp.SetAttributes(attribute.Int("shardd.bytes_in", r.bytesIn))
+		switch s.name {
+		case stageForward, stageFrameOut:
+			sp.SetAttributes(attribute.Int("shardd.bytes_out", rec.bytesOut))
+		case stageDecode:
+			sp.SetAttributes(attribute.Int("shardd.bytes_in", rec.bytesIn))
 		}
 		sp.End(trace.WithTimestamp(s.end))
 	}
-	step.End(trace.WithTimestamp(sent))
+	step.End(trace.WithTimestamp(rec.sent))
+}
+
+// FlushTelemetry returns once every step replied before the call has been
+// recorded (its spans ended and handed to the tracer provider's processor,
+// its stage durations in the histograms), or when ctx ends.
+func (e *Engine) FlushTelemetry(ctx context.Context) error {
+	o := &e.obs
+	if !o.on {
+		return nil
+	}
+	done := make(chan struct{})
+	select {
+	case o.records <- stepRecord{flushed: done}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// stopRecorder records what is queued and stops the recorder. It runs after
+// every stream's send goroutine has returned.
+func (o *observer) stopRecorder() {
+	if !o.on {
+		return
+	}
+	close(o.records)
+	<-o.recorderDone
 }
 
 func bodyLen(r *result) int {
