@@ -53,6 +53,9 @@ type observer struct {
 	stageOpt map[string][]metric.RecordOption
 
 	records      chan stepRecord // to the recorder goroutine
+	armed        atomic.Bool     // the recorder was woken for the queued records
+	wake, hurry  chan struct{}   // one-slot signals to the recorder
+	stopRec      chan struct{}
 	recorderDone chan struct{}
 	dropped      atomic.Int64 // steps not recorded: the queue was full
 }
@@ -104,7 +107,8 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	counter("shardd.preemptions", "prefill iterations stopped for a decode step", e.preemptions.Load)
 	counter("shardd.telemetry.dropped", "finished steps whose spans and stage durations were dropped: the recorder's queue was full", o.dropped.Load)
 	o.records = make(chan stepRecord, recordQueue)
-	o.recorderDone = make(chan struct{})
+	o.wake, o.hurry = make(chan struct{}, 1), make(chan struct{}, 1)
+	o.stopRec, o.recorderDone = make(chan struct{}), make(chan struct{})
 	go o.runRecorder()
 }
 
@@ -155,22 +159,84 @@ func (st *stream) recordStep(r *result, sent time.Time) {
 		tokens: r.tokens, first: r.first,
 		bytesIn: r.bytesIn, bytesOut: bodyLen(r), cacheHit: r.cacheHit,
 	}
-	select {
-	case o.records <- rec:
-	default:
+	if !o.enqueue(rec) {
 		o.dropped.Add(1)
 	}
 }
 
-// runRecorder records queued steps until the queue is closed.
+// recordEvery is how long the recorder lets finished steps gather before it
+// records them. Recording in batches wakes one goroutine per batch instead
+// of one per step; a wake-up costs the data plane more than the recording
+// itself on a busy small machine.
+const recordEvery = 20 * time.Millisecond
+
+// enqueue queues rec without blocking and makes sure the recorder will
+// look: the first record after a batch wakes it, a half-full queue hurries
+// it. It reports false when the queue is full.
+func (o *observer) enqueue(rec stepRecord) bool {
+	select {
+	case o.records <- rec:
+	default:
+		return false
+	}
+	if o.armed.CompareAndSwap(false, true) {
+		notify(o.wake)
+	}
+	if len(o.records) >= cap(o.records)/2 || rec.flushed != nil {
+		notify(o.hurry)
+	}
+	return true
+}
+
+// notify sends on a one-slot signal channel unless a signal is pending.
+func notify(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// runRecorder records queued steps in batches until stopRecorder.
 func (o *observer) runRecorder() {
 	defer close(o.recorderDone)
-	for rec := range o.records {
-		if rec.flushed != nil {
-			close(rec.flushed)
-			continue
+	timer := time.NewTimer(recordEvery)
+	timer.Stop()
+	for {
+		select {
+		case <-o.wake:
+		case <-o.stopRec:
+			o.drain()
+			return
 		}
-		o.record(&rec)
+		timer.Reset(recordEvery)
+		select {
+		case <-timer.C:
+		case <-o.hurry:
+			timer.Stop()
+		case <-o.stopRec:
+			o.drain()
+			return
+		}
+		// Disarm before draining: a record queued from here on wakes the
+		// recorder again, so none is left behind.
+		o.armed.Store(false)
+		o.drain()
+	}
+}
+
+// drain records everything queued.
+func (o *observer) drain() {
+	for {
+		select {
+		case rec := <-o.records:
+			if rec.flushed != nil {
+				close(rec.flushed)
+				continue
+			}
+			o.record(&rec)
+		default:
+			return
+		}
 	}
 }
 
@@ -240,10 +306,12 @@ func (e *Engine) FlushTelemetry(ctx context.Context) error {
 		return nil
 	}
 	done := make(chan struct{})
-	select {
-	case o.records <- stepRecord{flushed: done}:
-	case <-ctx.Done():
-		return ctx.Err()
+	for !o.enqueue(stepRecord{flushed: done}) {
+		select {
+		case <-time.After(time.Millisecond): // the queue is full: let it drain
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	select {
 	case <-done:
@@ -259,7 +327,7 @@ func (o *observer) stopRecorder() {
 	if !o.on {
 		return
 	}
-	close(o.records)
+	close(o.stopRec)
 	<-o.recorderDone
 }
 

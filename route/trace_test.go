@@ -58,6 +58,7 @@ func TestGenerationSpanTree(t *testing.T) {
 	}
 	rec := notifyingRecorder{tracetest.NewSpanRecorder(), make(chan struct{}, 1)}
 	var addrs []string
+	var engines []*engine.Engine
 	for i, s := range shards {
 		meta, _ := gguf.Read(s)
 		be, err := llamacpp.OpenMeta(llamacpp.Config{Path: s, Threads: 2, MaxSeqs: 3, CtxTokens: 128, MaxBatch: 32}, meta)
@@ -66,6 +67,7 @@ func TestGenerationSpanTree(t *testing.T) {
 		}
 		tp := provider(rec, []string{"hop-a", "hop-b"}[i])
 		eng := engine.New(engine.Config{TracerProvider: tp}, be, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		engines = append(engines, eng)
 		lis, _ := net.Listen("tcp", "127.0.0.1:0")
 		srv := grpc.NewServer(eng.ServerOptions()...)
 		shardv1.RegisterShardRuntimeServer(srv, eng)
@@ -83,6 +85,12 @@ func TestGenerationSpanTree(t *testing.T) {
 	const n = 3
 	if _, err := r.Generate(context.Background(), Request{Prompt: []int32{1, 2, 3}, MaxTokens: n}, func(int32) error { return nil }); err != nil {
 		t.Fatal(err)
+	}
+	// Workers make step spans in batches after replying: wait for them.
+	for _, eng := range engines {
+		if err := eng.FlushTelemetry(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// Server stream spans end when the handlers return, just after Generate.
 	timeout := time.After(10 * time.Second)
