@@ -77,6 +77,7 @@ func BenchmarkRouteDecode(b *testing.B) {
 		defer r.Close()
 		var decode time.Duration
 		tokens := 0
+		hops := make([]route.HopStats, len(addrs))
 		for b.Loop() {
 			st, err := r.Generate(context.Background(), route.Request{Prompt: prompt, MaxTokens: n}, func(int32) error { return nil })
 			if err != nil {
@@ -84,8 +85,37 @@ func BenchmarkRouteDecode(b *testing.B) {
 			}
 			decode += st.Decode
 			tokens += st.Tokens - 1
+			for i, h := range st.Hops {
+				hops[i].Calls += h.Calls
+				hops[i].Wall += h.Wall
+				hops[i].Exec += h.Exec
+			}
 		}
 		b.ReportMetric(float64(tokens)/decode.Seconds(), "decode-tok/s")
+		// Per call, prompt included: the worker's own execution time and
+		// what the head waited beyond it (wire, queues, goroutine hand-offs).
+		for i, h := range hops {
+			b.ReportMetric(float64(h.Exec.Microseconds())/float64(h.Calls), fmt.Sprintf("hop%d-exec-us", i))
+			b.ReportMetric(float64((h.Wall-h.Exec).Microseconds())/float64(h.Calls), fmt.Sprintf("hop%d-extra-us", i))
+		}
+	})
+	b.Run("chain-2-shards", func(b *testing.B) {
+		// The same two shards called one after the other in this goroutine,
+		// no wire: what splitting costs inside llama.cpp alone.
+		shards, err := gguf.CachedSplit(model, 2, filepath.Join(os.TempDir(), "shardd-bench-models"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		var bes []backend.Backend
+		for _, s := range shards {
+			be, err := llamacpp.Open(llamacpp.Config{Path: s, Threads: routeThreads, MaxSeqs: 1, CtxTokens: 1024, MaxBatch: 64, Poll: routePoll()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer be.Close()
+			bes = append(bes, be)
+		}
+		chainDecode(b, bes, prompt, n)
 	})
 	b.Run("unsplit", func(b *testing.B) {
 		be, err := llamacpp.Open(llamacpp.Config{Path: model, Threads: routeThreads, MaxSeqs: 1, CtxTokens: 1024, MaxBatch: 64, Poll: routePoll()})
@@ -93,37 +123,69 @@ func BenchmarkRouteDecode(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer be.Close()
-		c, err := verify.NewChain([]backend.Backend{be}, verify.F32)
+		chainDecode(b, []backend.Backend{be}, prompt, n)
+	})
+}
+
+// chainDecode runs greedy generations through bes in one goroutine and
+// reports decode tokens/s.
+func chainDecode(b *testing.B, bes []backend.Backend, prompt []int32, n int) {
+	timedBes := make([]backend.Backend, len(bes))
+	timers := make([]*timedBackend, len(bes))
+	for i, be := range bes {
+		timers[i] = &timedBackend{Backend: be}
+		timedBes[i] = timers[i]
+	}
+	c, err := verify.NewChain(timedBes, verify.BF16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	var decode time.Duration
+	tokens := 0
+	for b.Loop() {
+		for _, be := range bes {
+			be.SeqTrim(0, 0)
+		}
+		rows := make([]verify.Row, len(prompt))
+		for i, t := range prompt {
+			rows[i] = verify.Row{Pos: i, Token: t, Output: i == len(prompt)-1}
+		}
+		logits, err := c.Forward(rows)
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer c.Close()
-		var decode time.Duration
-		tokens := 0
-		for b.Loop() {
-			be.SeqTrim(0, 0)
-			rows := make([]verify.Row, len(prompt))
-			for i, t := range prompt {
-				rows[i] = verify.Row{Pos: i, Token: t, Output: i == len(prompt)-1}
-			}
-			logits, err := c.Forward(rows)
-			if err != nil {
+		t0 := time.Now()
+		pos := len(prompt)
+		for range n - 1 {
+			tok := argmaxF(logits)
+			if logits, err = c.Forward([]verify.Row{{Pos: pos, Token: tok, Output: true}}); err != nil {
 				b.Fatal(err)
 			}
-			t0 := time.Now()
-			pos := len(prompt)
-			for range n - 1 {
-				tok := argmaxF(logits)
-				if logits, err = c.Forward([]verify.Row{{Pos: pos, Token: tok, Output: true}}); err != nil {
-					b.Fatal(err)
-				}
-				pos++
-			}
-			decode += time.Since(t0)
-			tokens += n - 1
+			pos++
 		}
-		b.ReportMetric(float64(tokens)/decode.Seconds(), "decode-tok/s")
-	})
+		decode += time.Since(t0)
+		tokens += n - 1
+	}
+	b.ReportMetric(float64(tokens)/decode.Seconds(), "decode-tok/s")
+	for i, t := range timers {
+		b.ReportMetric(float64(t.spent.Microseconds())/float64(t.calls), fmt.Sprintf("hop%d-exec-us", i))
+	}
+}
+
+// timedBackend measures the time spent in Forward.
+type timedBackend struct {
+	backend.Backend
+	spent time.Duration
+	calls int
+}
+
+func (t *timedBackend) Forward(bt backend.Batch, out *backend.Output) error {
+	t0 := time.Now()
+	err := t.Backend.Forward(bt, out)
+	t.spent += time.Since(t0)
+	t.calls++
+	return err
 }
 
 func argmaxF(v []float32) int32 {

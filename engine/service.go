@@ -27,6 +27,12 @@ func (e *Engine) ServerOptions() []grpc.ServerOption {
 		experimental.BufferPool(e.pool),
 		grpc.MaxRecvMsgSize(limit),
 		grpc.MaxSendMsgSize(limit),
+		// A static HTTP/2 window large enough for a whole chunk: with gRPC's
+		// default (64 KiB, grown by BDP probing) a message larger than the
+		// window waits a WINDOW_UPDATE round trip. Credits, not the window,
+		// bound what a peer may have queued here.
+		grpc.InitialWindowSize(int32(min(limit, 1<<30))),
+		grpc.InitialConnWindowSize(int32(min(2*limit, 1<<30))),
 	}
 }
 

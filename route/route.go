@@ -80,9 +80,14 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 	if opts.Retries == 0 {
 		opts.Retries = 3
 	}
+	const recvWindow = 16 << 20
 	r := &Route{opts: opts}
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// Windows that take a whole result (a last hop's logits are
+		// 4 x vocab bytes per token) without a WINDOW_UPDATE round trip;
+		// gRPC's default starts at 64 KiB.
+		grpc.WithInitialWindowSize(recvWindow), grpc.WithInitialConnWindowSize(2*recvWindow),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(decode.Codec{Pool: bufpool.Default}),
 			grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20),
 			// A hop that restarts comes back on the same address: wait for
