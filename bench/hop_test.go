@@ -136,6 +136,38 @@ func BenchmarkDecodeHop(b *testing.B) {
 	})
 }
 
+// BenchmarkLogitsHop: a last hop's decode step without compute: one bf16
+// hidden row (768) in, one row of f32 logits (32,000: 128 KB) back, through
+// a worker with a no-op backend, against a raw gRPC ping-pong of the same
+// sizes, in the same run. It is the wire's floor under a real route's last
+// hop (see PERF.md, Route).
+func BenchmarkLogitsHop(b *testing.B) {
+	const hidden, vocab = 768, 32000
+	b.Run("shardd", func(b *testing.B) {
+		be := newNoop(hidden, true)
+		be.info.Vocab = vocab
+		decodeHopThrough(b, be, engine.Config{})
+	})
+	b.Run("raw-grpc", func(b *testing.B) {
+		cs := startRaw(b, 4*vocab)
+		msg := make([]byte, 2*hidden)
+		var in []byte
+		lat := make([]time.Duration, 0, 1<<16)
+		for b.Loop() {
+			t0 := time.Now()
+			if err := cs.SendMsg(&msg); err != nil {
+				b.Fatal(err)
+			}
+			if err := cs.RecvMsg(&in); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		b.ReportMetric(percentile(lat, 0.5), "p50-ns")
+		b.ReportMetric(percentile(lat, 0.99), "p99-ns")
+	})
+}
+
 // BenchmarkDecodeHopTracing: the same hop uninstrumented, with the
 // instrumentation in place but tracing off (a no-op tracer provider: stage
 // timestamps taken, otelgrpc installed, nothing recorded), and with every
@@ -184,16 +216,26 @@ func hopBody() []byte {
 	return body
 }
 
-// decodeHop measures request-to-Ack latency of decode steps through one
-// worker configured with cfg, and returns the client it used.
+// decodeHop measures request-to-Ack latency of decode steps (1 x 4096
+// bf16 each way) through one worker configured with cfg, and returns the
+// client it used.
 func decodeHop(b *testing.B, cfg engine.Config) *shardClient {
-	const hidden = 4096
-	body := hopBody()
-	c := startShard(b, newNoop(hidden, false), noopMeta(), cfg)
+	return decodeHopThrough(b, newNoop(4096, false), cfg)
+}
+
+// decodeHopThrough measures request-to-Ack latency of decode steps through
+// a worker serving be (one hidden-state row in, be's output back).
+func decodeHopThrough(b *testing.B, be *noopBackend, cfg engine.Config) *shardClient {
+	hidden := be.info.Hidden
+	body := make([]byte, 2*hidden)
+	for i := range body {
+		body[i] = byte(i)
+	}
+	c := startShard(b, be, noopMeta(), cfg)
 	f := frameout.New(bufpool.Default)
 	defer f.Close()
 	step := &shardv1.DecodeStep{WorkId: "bench", Tensor: &shardv1.NamedTensor{}}
-	f.Frame(step.Tensor, "hidden_states", []int64{1, 1, hidden}, shardv1.DType_DTYPE_BFLOAT16, body, frameout.Options{})
+	f.Frame(step.Tensor, "hidden_states", []int64{1, 1, int64(hidden)}, shardv1.DType_DTYPE_BFLOAT16, body, frameout.Options{})
 	req := &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: step}}
 	// Prefill one token so decode steps have a session to continue.
 	prefill := &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Chunk{Chunk: &shardv1.ActivationChunk{

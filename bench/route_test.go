@@ -86,11 +86,14 @@ func BenchmarkRouteDecode(b *testing.B) {
 	var routeDecode time.Duration
 	routeTokens := 0
 	hops := make([]route.HopStats, len(addrs))
+	var routeCPU int64
 	for b.Loop() {
+		cpu0 := processCPU()
 		st, err := r.Generate(context.Background(), route.Request{Prompt: prompt, MaxTokens: n}, func(int32) error { return nil })
 		if err != nil {
 			b.Fatal(err)
 		}
+		routeCPU += processCPU() - cpu0
 		routeDecode += st.Decode
 		routeTokens += st.Tokens - 1
 		for i, h := range st.Hops {
@@ -107,6 +110,12 @@ func BenchmarkRouteDecode(b *testing.B) {
 	b.ReportMetric(whole.rate(), "unsplit-tok/s")
 	b.ReportMetric(routeRate/whole.rate(), "route/unsplit")
 	b.ReportMetric(chain.rate()/whole.rate(), "chain/unsplit")
+	// CPU time of the whole process per generated token (prompt included),
+	// all threads: what the wire and the engine add to the forward's work.
+	gens := float64(b.N * n)
+	b.ReportMetric(float64(routeCPU)/gens/1e3, "route-cpu-us/tok")
+	b.ReportMetric(float64(chain.cpu)/gens/1e3, "chain-cpu-us/tok")
+	b.ReportMetric(float64(whole.cpu)/gens/1e3, "unsplit-cpu-us/tok")
 	// Per call, prompt included: each worker's own execution time and what
 	// the head waited beyond it (wire, queues, goroutine hand-offs), and the
 	// chained shards' forward times for comparison.
@@ -126,6 +135,7 @@ type timedChain struct {
 	timers []*timedBackend
 	decode time.Duration
 	tokens int
+	cpu    int64 // process CPU time spent in generate, ns
 }
 
 func newTimedChain(b *testing.B, paths ...string) *timedChain {
@@ -150,6 +160,8 @@ func newTimedChain(b *testing.B, paths ...string) *timedChain {
 // generate runs one greedy generation of n tokens after prompt, timing the
 // tokens after the first as the route client does.
 func (c *timedChain) generate(b *testing.B, prompt []int32, n int) {
+	cpu0 := processCPU()
+	defer func() { c.cpu += processCPU() - cpu0 }()
 	for _, be := range c.bes {
 		be.SeqTrim(0, 0)
 	}
