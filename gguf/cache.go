@@ -15,10 +15,15 @@ func CachedPreset(dir, preset string) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("gguf: unknown preset %q", preset)
 	}
-	// The name carries a digest of the whole spec, so a changed preset is
-	// never answered with a file generated from an older one.
+	return CachedSpec(dir, preset, s)
+}
+
+// CachedSpec returns the model s generates, cached in dir under name and a
+// digest of the whole spec, generating it first when absent. A changed spec
+// is never answered with a file generated from an older one.
+func CachedSpec(dir, name string, s Spec) (string, error) {
 	sum := sha256.Sum256([]byte(fmt.Sprintf("%+v", s)))
-	path := filepath.Join(dir, fmt.Sprintf("%s-%s-%x.gguf", preset, s.Weights, sum[:4]))
+	path := filepath.Join(dir, fmt.Sprintf("%s-%s-%x.gguf", name, s.Weights, sum[:4]))
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	}

@@ -18,21 +18,23 @@ import (
 // Spec describes a generated llama-architecture model.
 type Spec struct {
 	Layers, Hidden, Heads, KVHeads, FFN, Vocab, Context int
-	// Weights is "f32", "f16" or "q8_0" for the weight matrices; norms are
+	// Weights is "f32", "f16", "bf16" or "q8_0" for the weight matrices; norms are
 	// always f32.
 	Weights string
 	Seed    uint64
 }
 
 // Presets: tiny for tests (a few MB, f32), bench for measuring hops against
-// real compute (125M parameters, f16: a decode step takes milliseconds on 2
-// cores). bench uses f16 rather than q8_0 so that a shard's weights (about
-// 80 MB for a third) do not fit the 32 MB L3 of this project's machines, as
-// a real model's would not: with q8_0 a bench shard is cache-resident and
-// batching sessions gains less than it does on real models (PERF.md).
+// real compute (125M parameters, bf16: a decode step takes milliseconds on 2
+// cores). bench's weights are bf16, the dtype most released checkpoints ship
+// in and one x86 CPUs with AVX512-BF16 multiply natively (ggml's f16 path
+// converts every weight on every use there; PERF.md has both curves). Not
+// q8_0: a third of the model would be about 25 MB and fit the 32 MB L3 of
+// this project's machines, as no real model's shard does, and batching
+// sessions would gain less than on real models.
 var Presets = map[string]Spec{
 	"tiny":  {Layers: 6, Hidden: 128, Heads: 4, KVHeads: 2, FFN: 256, Vocab: 512, Context: 1024, Weights: "f32", Seed: 1},
-	"bench": {Layers: 12, Hidden: 768, Heads: 12, KVHeads: 4, FFN: 2048, Vocab: 32000, Context: 2048, Weights: "f16", Seed: 1},
+	"bench": {Layers: 12, Hidden: 768, Heads: 12, KVHeads: 4, FFN: 2048, Vocab: 32000, Context: 2048, Weights: "bf16", Seed: 1},
 }
 
 // Validate checks that the dimensions make a loadable model.
@@ -44,8 +46,8 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("gguf: hidden %d is not a multiple of heads %d", s.Hidden, s.Heads)
 	case s.Heads%s.KVHeads != 0:
 		return fmt.Errorf("gguf: heads %d is not a multiple of kv heads %d", s.Heads, s.KVHeads)
-	case s.Weights != "f32" && s.Weights != "f16" && s.Weights != "q8_0":
-		return fmt.Errorf("gguf: weights must be f32, f16 or q8_0, not %q", s.Weights)
+	case s.Weights != "f32" && s.Weights != "f16" && s.Weights != "bf16" && s.Weights != "q8_0":
+		return fmt.Errorf("gguf: weights must be f32, f16, bf16 or q8_0, not %q", s.Weights)
 	case s.Weights == "q8_0" && (s.Hidden%q8Block != 0 || s.FFN%q8Block != 0):
 		return fmt.Errorf("gguf: q8_0 needs hidden and ffn to be multiples of %d", q8Block)
 	}
@@ -67,7 +69,7 @@ func Generate(path string, s Spec) error {
 		return err
 	}
 	hd := s.Hidden / s.Heads
-	ftype := map[string]uint32{"f32": 0, "f16": 1, "q8_0": 7}[s.Weights]
+	ftype := map[string]uint32{"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}[s.Weights]
 	kv := ggml.KV{
 		"general.architecture":                   "llama",
 		"general.name":                           fmt.Sprintf("shardd-random-%dL-%d", s.Layers, s.Hidden),
@@ -117,6 +119,8 @@ func randomTensor(name, kind string, seed uint64, shape []uint64) *ggml.Tensor {
 	switch kind {
 	case "f16":
 		t.Kind = uint32(ggml.TensorTypeF16)
+	case "bf16":
+		t.Kind = uint32(ggml.TensorTypeBF16)
 	case "q8_0":
 		t.Kind = uint32(ggml.TensorTypeQ8_0)
 	default:
@@ -159,6 +163,8 @@ func encodeRow(dst []byte, kind string, vals []float32) []byte {
 	switch kind {
 	case "f16":
 		return dtype.AppendF32ToF16(dst, vals)
+	case "bf16":
+		return dtype.AppendF32ToBF16(dst, vals)
 	case "q8_0":
 		return appendQ8_0(dst, vals)
 	}

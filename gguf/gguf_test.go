@@ -38,7 +38,7 @@ func TestGenerateIsDeterministic(t *testing.T) {
 }
 
 func TestGenerateQuantized(t *testing.T) {
-	for _, w := range []string{"f16", "q8_0"} {
+	for _, w := range []string{"f16", "bf16", "q8_0"} {
 		s := Presets["tiny"]
 		s.Weights = w
 		p := filepath.Join(t.TempDir(), w+".gguf")

@@ -16,14 +16,24 @@ import (
 
 // benchShards returns the bench preset split three ways, cached under the
 // system temp folder between runs. SHARDD_BENCH_MODEL names another whole
-// model to split instead (e.g. the bench preset with f16 weights).
+// model to split instead.
 func benchShards(b *testing.B) []string {
+	return benchShardsWeights(b, "")
+}
+
+// benchShardsWeights is benchShards with the preset's weights generated as
+// weights instead ("" keeps the preset's).
+func benchShardsWeights(b *testing.B, weights string) []string {
 	b.Helper()
 	dir := filepath.Join(os.TempDir(), "shardd-bench-models")
 	model := os.Getenv("SHARDD_BENCH_MODEL")
 	var err error
-	if model == "" {
-		model, err = gguf.CachedPreset(dir, "bench")
+	if model == "" || weights != "" {
+		s := gguf.Presets["bench"]
+		if weights != "" {
+			s.Weights = weights
+		}
+		model, err = gguf.CachedSpec(dir, "bench", s)
 	}
 	if err != nil {
 		b.Fatal(err)
@@ -114,44 +124,52 @@ func BenchmarkDecodeStep(b *testing.B) {
 }
 
 // BenchmarkBatchedDecode: N sessions decoded in one call on the middle shard
-// of the bench preset. Reports aggregate tokens/s; PERF.md quotes the curve
-// and the 16-session to 1-session ratio (target >= 3x).
+// of the bench preset (bf16 weights), and of the same model with f16 weights
+// for comparison. Reports aggregate tokens/s; PERF.md quotes the curves and
+// the 16-session to 1-session ratio (target >= 3x).
 func BenchmarkBatchedDecode(b *testing.B) {
-	path := benchShards(b)[1]
-	const perSeq = 64
-	for _, n := range []int{1, 2, 4, 8, 16, 32, 64} {
-		b.Run(fmt.Sprintf("sessions=%d", n), func(b *testing.B) {
-			be, err := Open(Config{Path: path, Threads: benchThreads(), MaxSeqs: n, CtxTokens: n * perSeq, MaxBatch: n})
-			if err != nil {
-				b.Fatal(err)
+	for _, weights := range []string{"bf16", "f16"} {
+		b.Run("weights="+weights, func(b *testing.B) {
+			path := benchShardsWeights(b, weights)[1]
+			for _, n := range []int{1, 2, 4, 8, 16, 32, 64} {
+				b.Run(fmt.Sprintf("sessions=%d", n), func(b *testing.B) { batchedDecode(b, path, n) })
 			}
-			defer be.Close()
-			bt, _ := be.NewBatch()
-			defer be.FreeBatch(bt)
-			row := make([]byte, 2*be.Info().Hidden)
-			for i := range row {
-				row[i] = byte(i * 5 % 59)
-			}
-			var out backend.Output
-			pos := 0
-			b.ReportAllocs()
-			for b.Loop() {
-				if pos == perSeq {
-					for s := range n {
-						be.SeqTrim(s, 0)
-					}
-					pos = 0
-				}
-				bt.Reset()
-				for s := range n {
-					bt.AddHiddenBF16(s, pos, row, true)
-				}
-				if err := be.Forward(bt, &out); err != nil {
-					b.Fatal(err)
-				}
-				pos++
-			}
-			b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "tokens/s")
 		})
 	}
+}
+
+// batchedDecode decodes n sessions one token each per call on path.
+func batchedDecode(b *testing.B, path string, n int) {
+	const perSeq = 64
+	be, err := Open(Config{Path: path, Threads: benchThreads(), MaxSeqs: n, CtxTokens: n * perSeq, MaxBatch: n})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	bt, _ := be.NewBatch()
+	defer be.FreeBatch(bt)
+	row := make([]byte, 2*be.Info().Hidden)
+	for i := range row {
+		row[i] = byte(i * 5 % 59)
+	}
+	var out backend.Output
+	pos := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		if pos == perSeq {
+			for s := range n {
+				be.SeqTrim(s, 0)
+			}
+			pos = 0
+		}
+		bt.Reset()
+		for s := range n {
+			bt.AddHiddenBF16(s, pos, row, true)
+		}
+		if err := be.Forward(bt, &out); err != nil {
+			b.Fatal(err)
+		}
+		pos++
+	}
+	b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "tokens/s")
 }

@@ -19,7 +19,7 @@ func init() {
 func runGenModel(args []string) error {
 	fs := newFlags("gen-model", "--preset tiny|bench --out FILE [flags]",
 		"Writes a real llama-architecture GGUF with deterministic random weights.\nDimension flags override the preset's.")
-	preset := fs.String("preset", "tiny", "tiny (a few MB, f32) or bench (125M parameters, f16)")
+	preset := fs.String("preset", "tiny", "tiny (a few MB, f32) or bench (125M parameters, bf16)")
 	out := fs.String("out", "", "output file")
 	seed := fs.Uint64("seed", 0, "weight seed (0: the preset's)")
 	layers := fs.Int("layers", 0, "transformer layers")
@@ -29,7 +29,7 @@ func runGenModel(args []string) error {
 	ffn := fs.Int("ffn", 0, "feed-forward size")
 	vocab := fs.Int("vocab", 0, "vocabulary size")
 	ctx := fs.Int("context", 0, "context length")
-	weights := fs.String("weights", "", "weight type: f32, f16 or q8_0")
+	weights := fs.String("weights", "", "weight type: f32, f16, bf16 or q8_0")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
