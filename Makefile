@@ -79,7 +79,10 @@ build: deps
 	@echo "build: compiling shardd (the first build compiles llama.cpp: a few minutes on 2 cores)"
 	$(GO) build -o $(BIN)/shardd ./cmd/shardd
 
+## vet: gofmt (generated code aside) and go vet.
 vet: deps
+	@bad=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go' | grep -v '^gen/')); \
+	  if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 
 ## unit: every test with the race detector and the bufpool invariants on.

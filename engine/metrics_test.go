@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+
 	"github.com/meshnet/shardd/backend/llamacpp"
 	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/telemetry"
@@ -87,5 +89,16 @@ func TestRecorderQueueFullDrops(t *testing.T) {
 	}
 	if rec := <-o.records; rec.workID != "w" || rec.step != 7 {
 		t.Fatalf("queued record %+v", rec)
+	}
+}
+
+// TestFlushTelemetryAfterClose: flushing a closed engine returns instead of
+// waiting for a recorder that has stopped.
+func TestFlushTelemetryAfterClose(t *testing.T) {
+	e := &Engine{}
+	e.initObserver(nil, metricnoop.NewMeterProvider())
+	e.obs.stopRecorder()
+	if err := e.FlushTelemetry(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

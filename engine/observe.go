@@ -299,7 +299,8 @@ func (o *observer) record(rec *stepRecord) {
 
 // FlushTelemetry returns once every step replied before the call has been
 // recorded (its spans ended and handed to the tracer provider's processor,
-// its stage durations in the histograms), or when ctx ends.
+// its stage durations in the histograms), or when ctx ends. On a closed
+// engine it returns at once: Close records everything queued.
 func (e *Engine) FlushTelemetry(ctx context.Context) error {
 	o := &e.obs
 	if !o.on {
@@ -309,12 +310,16 @@ func (e *Engine) FlushTelemetry(ctx context.Context) error {
 	for !o.enqueue(stepRecord{flushed: done}) {
 		select {
 		case <-time.After(time.Millisecond): // the queue is full: let it drain
+		case <-o.recorderDone: // closed engine: everything was recorded
+			return nil
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 	select {
 	case <-done:
+		return nil
+	case <-o.recorderDone:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

@@ -33,7 +33,7 @@ func (e *Engine) ServerOptions() []grpc.ServerOption {
 		// bound what a peer may have queued here.
 		grpc.InitialWindowSize(int32(min(limit, 1<<30))),
 		grpc.InitialConnWindowSize(int32(min(2*limit, 1<<30))),
-		grpc.WriteBufferSize(256<<10), grpc.ReadBufferSize(256<<10),
+		grpc.WriteBufferSize(256 << 10), grpc.ReadBufferSize(256 << 10),
 	}
 }
 

@@ -87,8 +87,8 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 		// Windows that take a whole result (a last hop's logits are
 		// 4 x vocab bytes per token) without a WINDOW_UPDATE round trip;
 		// gRPC's default starts at 64 KiB.
-		grpc.WithInitialWindowSize(recvWindow), grpc.WithInitialConnWindowSize(2*recvWindow),
-		grpc.WithWriteBufferSize(256<<10), grpc.WithReadBufferSize(256<<10),
+		grpc.WithInitialWindowSize(recvWindow), grpc.WithInitialConnWindowSize(2 * recvWindow),
+		grpc.WithWriteBufferSize(256 << 10), grpc.WithReadBufferSize(256 << 10),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(decode.Codec{Pool: bufpool.Default}),
 			grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20),
 			// A hop that restarts comes back on the same address: wait for
