@@ -63,6 +63,21 @@ type hopStream struct {
 	stream grpc.BidiStreamingClient[shardv1.SessionRequest, shardv1.SessionResponse]
 	cancel context.CancelFunc
 	limits *shardv1.FlowControl
+	// held are the responses of the last exchange: the chunk, Ack or status
+	// it returned point into them until the next exchange on this stream,
+	// which hands them back to vtprotobuf's pools. Reused messages keep their
+	// payload's capacity, so a last hop's logits (4 x vocab bytes per step)
+	// are not a fresh allocation every token.
+	held []*shardv1.SessionResponse
+}
+
+// recycle returns the last exchange's responses to their pools.
+func (s *hopStream) recycle() {
+	for i, m := range s.held {
+		m.ReturnToVTPool()
+		s.held[i] = nil
+	}
+	s.held = s.held[:0]
 }
 
 type gen struct {
@@ -222,6 +237,7 @@ func (g *gen) close() {
 			}
 		}
 		s.cancel()
+		s.recycle()
 	}
 	if g.ctx.Err() != nil {
 		// The streams were cut: cancel and release out of band, on fresh calls.
@@ -352,19 +368,23 @@ func (g *gen) call(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTensor, 
 }
 
 // exchange sends one unit of work and reads until its Ack or ShardStatus.
+// What it returns is valid until the next exchange on s.
 func (g *gen) exchange(s *hopStream, req *shardv1.SessionRequest) (*shardv1.ActivationChunk, *shardv1.Ack, *shardv1.ShardStatus, error) {
+	s.recycle()
 	if err := s.stream.Send(req); err != nil {
 		return nil, nil, nil, err
 	}
 	var chunk *shardv1.ActivationChunk
 	for {
-		resp, err := s.stream.Recv()
-		if err == io.EOF {
-			return nil, nil, nil, io.ErrUnexpectedEOF
-		}
-		if err != nil {
+		resp := shardv1.SessionResponseFromVTPool()
+		if err := s.stream.RecvMsg(resp); err != nil {
+			resp.ReturnToVTPool()
+			if err == io.EOF {
+				return nil, nil, nil, io.ErrUnexpectedEOF
+			}
 			return nil, nil, nil, err
 		}
+		s.held = append(s.held, resp)
 		switch k := resp.Kind.(type) {
 		case *shardv1.SessionResponse_Chunk:
 			chunk = k.Chunk
