@@ -48,6 +48,7 @@ func runServe(args []string) error {
 	chunkBytes := fs.Uint64("max-chunk-bytes", 8<<20, "largest serialized chunk message")
 	chunkTokens := fs.Uint("max-prefill-chunk-tokens", 512, "most tokens in one prefill chunk")
 	ttl := fs.Duration("session-ttl", 10*time.Minute, "drop an idle session's KV state after this long")
+	resultsBytes := fs.Int64("results-cache-bytes", 64<<20, "bytes of finished results kept to answer duplicate steps (idempotency); the oldest go first")
 	boundary := fs.String("boundary", "bf16", "dtype of hidden states sent to the next shard: bf16 (the contract's canonical) or f32 (exact)")
 	requireCRC := fs.Bool("require-checksum", true, "refuse tensors without a CRC32C")
 	drainTimeout := fs.Duration("drain-timeout", 30*time.Second, "how long a drain waits for queued work")
@@ -76,6 +77,9 @@ func runServe(args []string) error {
 	if *sessions < 1 || *sessions > 255 {
 		return fmt.Errorf("--max-sessions must be 1..255")
 	}
+	if *resultsBytes < 1 {
+		return fmt.Errorf("--results-cache-bytes must be positive")
+	}
 
 	meta, err := gguf.Read(*model)
 	if err != nil {
@@ -101,7 +105,7 @@ func runServe(args []string) error {
 		MaxSessions: *sessions, SessionTTL: *ttl, MaxQueue: *queue,
 		IterationTokens: *iterTokens, PrefillIterationTokens: *prefillTokens, DecodeQuiet: *decodeQuiet,
 		MaxInflightChunks: uint32(*inflight), MaxChunkBytes: *chunkBytes, MaxPrefillChunkTokens: uint32(*chunkTokens),
-		RequireChecksum: *requireCRC, Boundary: bd, Version: version,
+		RequireChecksum: *requireCRC, Boundary: bd, Version: version, ResultsCacheBytes: *resultsBytes,
 		TracerProvider: tel.TracerProvider(), MeterProvider: tel.Meter,
 	}, be, meta, log)
 	defer eng.Close()
