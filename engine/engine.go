@@ -52,6 +52,7 @@ type Engine struct {
 	statPressure  atomic.Uint64 // float64 bits
 	preemptions   atomic.Int64  // prefill iterations stopped for a decode step
 	statEvictions atomic.Int64
+	statResults   atomic.Int64 // bytes held by the results cache
 
 	obs observer
 

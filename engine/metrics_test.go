@@ -56,6 +56,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		"shardd_batch_occupancy ",
 		"shardd_kv_pressure ",
 		"shardd_sessions ",
+		"shardd_results_bytes ",
 		"shardd_evictions_total ",
 		"shardd_preemptions_total ",
 		"shardd_telemetry_dropped_total ",

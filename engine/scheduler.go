@@ -590,6 +590,7 @@ func (s *scheduler) publish(rows int) {
 	e.statSessions.Store(int32(s.store.Len()))
 	e.statEvictions.Store(int64(s.store.Evictions))
 	e.statPressure.Store(math.Float64bits(s.store.Pressure()))
+	e.statResults.Store(s.results.Cost())
 }
 
 // shutdown answers everything still queued with CANCELLED and frees state.
