@@ -364,9 +364,32 @@ func (s *scheduler) complete(w *work) {
 		sess.Pins--
 		r.pastLen = uint64(sess.PastLen)
 		s.results.Put(resultKey{w.st.id, w.epoch, w.step}, r.ref(), r.cost())
+		s.keepRecent(sess, kvcache.StepRef{Epoch: w.epoch, Step: w.step})
 	}
 	w.st.deliver(reply{res: r}, true)
 	s.finish(w)
+}
+
+// keepRecent records that sess's result for ref is cached and drops the
+// session's results older than its last MaxInflightChunks. A head that
+// follows the credits can resend only un-acknowledged work, and it cannot
+// have sent this step while more than that many were un-acknowledged, so
+// an older result can never be asked for by it again (a late copy from a
+// relay still gets a bare duplicate Ack). Dropping them at once sends their
+// buffers back to the pool instead of holding them until the byte budget
+// evicts them, so steady decoding does not allocate a fresh result buffer
+// (for a last hop, 4 x vocab bytes) every step.
+func (s *scheduler) keepRecent(sess *kvcache.Session, ref kvcache.StepRef) {
+	sess.Results = append(sess.Results, ref)
+	keep := max(int(s.e.cfg.MaxInflightChunks), 1)
+	if extra := len(sess.Results) - keep; extra > 0 {
+		for _, old := range sess.Results[:extra] {
+			if r, ok := s.results.Remove(resultKey{sess.ID, old.Epoch, old.Step}); ok {
+				r.release()
+			}
+		}
+		sess.Results = append(sess.Results[:0], sess.Results[extra:]...)
+	}
 }
 
 // finish pops w (the head of its session's queue).

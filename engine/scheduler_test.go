@@ -144,3 +144,42 @@ func TestEvictedSessionMisses(t *testing.T) {
 		t.Fatalf("evictions %d", evictions)
 	}
 }
+
+// TestOnlyRecentResultsKept: a worker keeps the results of a session's last
+// max-inflight steps to answer duplicates. An older step, which a head that
+// follows the credits can no longer resend, gets a bare duplicate Ack: it
+// was applied, and its result buffer has gone back to the pool.
+func TestOnlyRecentResultsKept(t *testing.T) {
+	whole, _ := tinyFiles(t)
+	w := startLlama(t, whole, Config{MaxInflightChunks: 2})
+	s := w.open(t, "recent", 1)
+	if o := s.prefillTokens(1, 1, 2, 3); o.ack == nil {
+		t.Fatal(o.status)
+	}
+	for step, pos := uint64(2), 3; step <= 5; step, pos = step+1, pos+1 {
+		if o := s.decodeToken(step, pos, int32(10+step)); o.ack == nil {
+			t.Fatal(o.status)
+		}
+	}
+	for _, step := range []uint64{4, 5} {
+		o := s.decodeToken(step, int(step)+1, int32(10+step))
+		if o.ack == nil || !o.ack.Duplicate || o.chunk == nil {
+			t.Fatalf("step %d, one of the last two: ack %v, result %v, status %v", step, o.ack, o.chunk != nil, o.status)
+		}
+	}
+	for _, step := range []uint64{1, 2, 3} {
+		var o outcome
+		if step == 1 {
+			o = s.prefillTokens(1, 1, 2, 3)
+		} else {
+			o = s.decodeToken(step, int(step)+1, int32(10+step))
+		}
+		if o.ack == nil || !o.ack.Duplicate || o.chunk != nil {
+			t.Fatalf("step %d, older: ack %v, result %v, status %v", step, o.ack, o.chunk != nil, o.status)
+		}
+	}
+	// Still decoding from where it was: nothing was re-applied.
+	if o := s.decodeToken(6, 7, 16); o.ack == nil || o.ack.CacheResult.PastLen != 8 {
+		t.Fatalf("next step: ack %v status %v", o.ack, o.status)
+	}
+}

@@ -48,7 +48,14 @@ type Session struct {
 	// Pins counts work queued or running for the session; a pinned session
 	// is never evicted.
 	Pins int
+	// Results are the steps whose results the engine keeps to answer
+	// duplicates, oldest first (the engine's bookkeeping; the store does
+	// not read it).
+	Results []StepRef
 }
+
+// StepRef names one unit of work of a session.
+type StepRef struct{ Epoch, Step uint64 }
 
 // Config bounds the store.
 type Config struct {
