@@ -115,25 +115,30 @@ func BenchmarkDecodeHop(b *testing.B) {
 	b.Run("shardd", func(b *testing.B) { decodeHop(b, engine.Config{}) })
 	b.Run("raw-grpc", func(b *testing.B) {
 		body := hopBody()
-		cs := startRaw(b, len(body))
-		msg := slices.Clone(body)
-		var in []byte
-		lat := make([]time.Duration, 0, 1<<16)
-		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
-		for b.Loop() {
-			t0 := time.Now()
-			if err := cs.SendMsg(&msg); err != nil {
-				b.Fatal(err)
-			}
-			if err := cs.RecvMsg(&in); err != nil {
-				b.Fatal(err)
-			}
-			lat = append(lat, time.Since(t0))
-		}
-		b.ReportMetric(percentile(lat, 0.5), "p50-ns")
-		b.ReportMetric(percentile(lat, 0.99), "p99-ns")
+		rawPingPong(b, body, len(body))
 	})
+}
+
+// rawPingPong measures a raw gRPC bidi ping-pong: req out, replyBytes back.
+func rawPingPong(b *testing.B, req []byte, replyBytes int) {
+	cs := startRaw(b, replyBytes)
+	msg := slices.Clone(req)
+	var in []byte
+	lat := make([]time.Duration, 0, 1<<16)
+	b.ReportAllocs()
+	for b.Loop() {
+		t0 := time.Now()
+		if err := cs.SendMsg(&msg); err != nil {
+			b.Fatal(err)
+		}
+		if err := cs.RecvMsg(&in); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	b.ReportMetric(percentile(lat, 0.5), "p50-ns")
+	b.ReportMetric(percentile(lat, 0.99), "p99-ns")
 }
 
 // BenchmarkLogitsHop: a last hop's decode step without compute: one bf16
@@ -148,24 +153,7 @@ func BenchmarkLogitsHop(b *testing.B) {
 		be.info.Vocab = vocab
 		decodeHopThrough(b, be, engine.Config{})
 	})
-	b.Run("raw-grpc", func(b *testing.B) {
-		cs := startRaw(b, 4*vocab)
-		msg := make([]byte, 2*hidden)
-		var in []byte
-		lat := make([]time.Duration, 0, 1<<16)
-		for b.Loop() {
-			t0 := time.Now()
-			if err := cs.SendMsg(&msg); err != nil {
-				b.Fatal(err)
-			}
-			if err := cs.RecvMsg(&in); err != nil {
-				b.Fatal(err)
-			}
-			lat = append(lat, time.Since(t0))
-		}
-		b.ReportMetric(percentile(lat, 0.5), "p50-ns")
-		b.ReportMetric(percentile(lat, 0.99), "p99-ns")
-	})
+	b.Run("raw-grpc", func(b *testing.B) { rawPingPong(b, make([]byte, 2*hidden), 4*vocab) })
 }
 
 // BenchmarkDecodeHopTracing: the same hop uninstrumented, with the
