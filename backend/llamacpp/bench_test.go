@@ -54,36 +54,7 @@ func benchThreads() int { return runtime.NumCPU() }
 func BenchmarkDecodeStep(b *testing.B) {
 	path := benchShards(b)[1]
 	const ctx = 512
-	b.Run("shardd", func(b *testing.B) {
-		be, err := Open(Config{Path: path, Threads: benchThreads(), MaxSeqs: 1, CtxTokens: ctx, MaxBatch: 1})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer be.Close()
-		bt, _ := be.NewBatch()
-		defer be.FreeBatch(bt)
-		row := make([]byte, 2*be.Info().Hidden)
-		for i := range row {
-			row[i] = byte(i * 7 % 61)
-		}
-		var out backend.Output
-		pos := 0
-		b.ReportAllocs()
-		b.SetBytes(int64(len(row)))
-		for b.Loop() {
-			if pos == ctx {
-				be.SeqTrim(0, 0)
-				pos = 0
-			}
-			bt.Reset()
-			bt.AddHiddenBF16(0, pos, row, true)
-			if err := be.Forward(bt, &out); err != nil {
-				b.Fatal(err)
-			}
-			pos++
-		}
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
-	})
+	b.Run("shardd", func(b *testing.B) { batchedDecode(b, path, 1, ctx) })
 	b.Run("plain", func(b *testing.B) {
 		m, err := llama.LoadModelFromFile(path, llama.ModelParams{UseMmap: true})
 		if err != nil {
@@ -132,15 +103,15 @@ func BenchmarkBatchedDecode(b *testing.B) {
 		b.Run("weights="+weights, func(b *testing.B) {
 			path := benchShardsWeights(b, weights)[1]
 			for _, n := range []int{1, 2, 4, 8, 16, 32, 64} {
-				b.Run(fmt.Sprintf("sessions=%d", n), func(b *testing.B) { batchedDecode(b, path, n) })
+				b.Run(fmt.Sprintf("sessions=%d", n), func(b *testing.B) { batchedDecode(b, path, n, 64) })
 			}
 		})
 	}
 }
 
-// batchedDecode decodes n sessions one token each per call on path.
-func batchedDecode(b *testing.B, path string, n int) {
-	const perSeq = 64
+// batchedDecode decodes n sessions one token each per call on path, each
+// session rewound after perSeq tokens.
+func batchedDecode(b *testing.B, path string, n, perSeq int) {
 	be, err := Open(Config{Path: path, Threads: benchThreads(), MaxSeqs: n, CtxTokens: n * perSeq, MaxBatch: n})
 	if err != nil {
 		b.Fatal(err)
@@ -155,6 +126,7 @@ func batchedDecode(b *testing.B, path string, n int) {
 	var out backend.Output
 	pos := 0
 	b.ReportAllocs()
+	b.SetBytes(int64(n * len(row)))
 	for b.Loop() {
 		if pos == perSeq {
 			for s := range n {
