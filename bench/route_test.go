@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"github.com/meshnet/shardd/internal/argmax"
 	"io"
 	"log/slog"
 	"net"
@@ -176,7 +177,7 @@ func (c *timedChain) generate(b *testing.B, prompt []int32, n int) {
 	t0 := time.Now()
 	pos := len(prompt)
 	for range n - 1 {
-		tok := argmaxF(logits)
+		tok := argmax.Index(logits)
 		if logits, err = c.Forward([]verify.Row{{Pos: pos, Token: tok, Output: true}}); err != nil {
 			b.Fatal(err)
 		}
@@ -201,14 +202,4 @@ func (t *timedBackend) Forward(bt backend.Batch, out *backend.Output) error {
 	t.spent += time.Since(t0)
 	t.calls++
 	return err
-}
-
-func argmaxF(v []float32) int32 {
-	best := 0
-	for i := range v {
-		if v[i] > v[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }

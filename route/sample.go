@@ -1,6 +1,7 @@
 package route
 
 import (
+	"github.com/meshnet/shardd/internal/argmax"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -47,10 +48,10 @@ func newSampler(s Sampling) *sampler {
 // logits took about 4 ms per token, half a forward pass.
 func (sm *sampler) next(logits []float32) int32 {
 	if sm.s.Temperature <= 0 || len(logits) == 0 {
-		return argmax(logits)
+		return argmax.Index(logits)
 	}
 	t := sm.s.Temperature
-	maxL := float64(logits[argmax(logits)])
+	maxL := float64(logits[argmax.Index(logits)])
 	weight := func(id int32) float64 { return math.Exp((float64(logits[id]) - maxL) / t) }
 	topP := sm.s.TopP > 0 && sm.s.TopP < 1
 
@@ -243,14 +244,4 @@ func siftDown(h []int32, i int, above func(a, b int32) bool) {
 		h[i], h[c] = h[c], h[i]
 		i = c
 	}
-}
-
-func argmax(v []float32) int32 {
-	best := 0
-	for i := range v {
-		if v[i] > v[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"github.com/meshnet/shardd/internal/argmax"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -23,7 +24,7 @@ func randomLogits(n int, seed uint64) []float32 {
 // the top k, keep the shortest prefix whose probability reaches p, draw.
 func referenceNext(s Sampling, rng *rand.Rand, logits []float32) int32 {
 	if s.Temperature <= 0 {
-		return argmax(logits)
+		return argmax.Index(logits)
 	}
 	idx := make([]int32, len(logits))
 	for i := range idx {

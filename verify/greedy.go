@@ -3,6 +3,7 @@ package verify
 import (
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/backend/llamacpp"
+	"github.com/meshnet/shardd/internal/argmax"
 )
 
 // Greedy runs the whole model in this process and returns the n tokens it
@@ -30,7 +31,7 @@ func Greedy(model string, prompt []int32, n, threads int) ([]int32, error) {
 		if err != nil {
 			return nil, err
 		}
-		tok := argmax(logits)
+		tok := argmax.Index(logits)
 		out = append(out, tok)
 		rows = []Row{{Pos: rows[len(rows)-1].Pos + 1, Token: tok, Output: true}}
 	}

@@ -2,6 +2,7 @@ package verify
 
 import (
 	"fmt"
+	"github.com/meshnet/shardd/internal/argmax"
 	"math"
 	"os"
 	"path/filepath"
@@ -92,7 +93,7 @@ func reference(full backend.Backend, decode int) ([]Step, [][]float32, error) {
 			}
 			row := append([]float32(nil), out[o*vocab:(o+1)*vocab]...)
 			logits = append(logits, row)
-			next[r.Seq] = argmax(row)
+			next[r.Seq] = argmax.Index(row)
 			o++
 		}
 		steps = append(steps, st)
@@ -145,7 +146,7 @@ func replay(c *Chain, steps []Step, want [][]float32, vocab int) (Result, error)
 					res.MaxDiff = max(res.MaxDiff, float32(math.Abs(float64(got[i]-ref[i]))))
 				}
 			}
-			if argmax(got) == argmax(ref) {
+			if argmax.Index(got) == argmax.Index(ref) {
 				res.ArgmaxAgree++
 			}
 		}
@@ -154,16 +155,6 @@ func replay(c *Chain, steps []Step, want [][]float32, vocab int) (Result, error)
 		return res, fmt.Errorf("verify: compared %d logit rows, reference has %d", k, len(want))
 	}
 	return res, nil
-}
-
-func argmax(v []float32) int32 {
-	best := 0
-	for i := range v {
-		if v[i] > v[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }
 
 // Run splits cfg.Model each way in cfg.Splits and compares every split, at
