@@ -99,7 +99,9 @@ func TestFlushTelemetryAfterClose(t *testing.T) {
 	e := &Engine{}
 	e.initObserver(nil, metricnoop.NewMeterProvider())
 	e.obs.stopRecorder()
-	if err := e.FlushTelemetry(context.Background()); err != nil {
-		t.Fatal(err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.FlushTelemetry(ctx); err != nil {
+		t.Fatalf("flush after close: %v", err)
 	}
 }

@@ -128,15 +128,16 @@ func (e *Engine) sessionContext(ctx context.Context) (context.Context, func()) {
 // stepRecord is what recording needs of a finished step, copied out of the
 // result (which the send goroutine releases right after sending).
 type stepRecord struct {
-	ctx                   context.Context // the stream's: its span is the parent
-	tm                    timings
-	sent                  time.Time
-	workID, session, mode string
-	step, epoch, pastLen  uint64
-	tokens, first         int
-	bytesIn, bytesOut     int
-	cacheHit              bool
-	flushed               chan struct{} // set on a flush marker: closed when reached
+	ctx                  context.Context // the stream's: its span is the parent
+	tm                   timings
+	sent                 time.Time
+	workID, session      string
+	mode                 shardv1.CacheMode
+	step, epoch, pastLen uint64
+	tokens, first        int
+	bytesIn, bytesOut    int
+	cacheHit             bool
+	flushed              chan struct{} // set on a flush marker: closed when reached
 }
 
 // recordQueue bounds the steps waiting for the recorder. When it is full
@@ -155,7 +156,7 @@ func (st *stream) recordStep(r *result, sent time.Time) {
 	}
 	rec := stepRecord{
 		ctx: st.ctx, tm: r.tm, sent: sent,
-		workID: r.workID, session: r.session, mode: r.mode.String(),
+		workID: r.workID, session: r.session, mode: r.mode,
 		step: r.step, epoch: r.epoch, pastLen: r.pastLen,
 		tokens: r.tokens, first: r.first,
 		bytesIn: r.bytesIn, bytesOut: bodyLen(r), cacheHit: r.cacheHit,
@@ -280,7 +281,7 @@ func (o *observer) record(rec *stepRecord) {
 		attribute.Int("shardd.first_position", rec.first),
 		attribute.Bool("shardd.cache_hit", rec.cacheHit),
 		attribute.Int64("shardd.past_len", int64(rec.pastLen)),
-		attribute.String("shardd.mode", rec.mode),
+		attribute.String("shardd.mode", rec.mode.String()),
 	))
 	for _, s := range stages {
 		if s.start.IsZero() || s.end.IsZero() {

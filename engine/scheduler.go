@@ -381,7 +381,7 @@ func (s *scheduler) complete(w *work) {
 // (for a last hop, 4 x vocab bytes) every step.
 func (s *scheduler) keepRecent(sess *kvcache.Session, ref kvcache.StepRef) {
 	sess.Results = append(sess.Results, ref)
-	keep := max(int(s.e.cfg.MaxInflightChunks), 1)
+	keep := int(s.e.cfg.MaxInflightChunks) // at least 1 (Config.Defaults)
 	if extra := len(sess.Results) - keep; extra > 0 {
 		for _, old := range sess.Results[:extra] {
 			if r, ok := s.results.Remove(resultKey{sess.ID, old.Epoch, old.Step}); ok {
