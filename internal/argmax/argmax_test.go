@@ -1,8 +1,24 @@
 package argmax
 
-import "testing"
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// reference is the obvious loop, the specification.
+func reference(v []float32) int32 {
+	best := -1
+	for i, x := range v {
+		if !math.IsNaN(float64(x)) && (best < 0 || x > v[best]) {
+			best = i
+		}
+	}
+	return int32(max(best, 0))
+}
 
 func TestIndex(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
 	for _, c := range []struct {
 		v    []float32
 		want int32
@@ -12,9 +28,54 @@ func TestIndex(t *testing.T) {
 		{[]float32{1, 5, 2}, 1},
 		{[]float32{7, 2, 7}, 0}, // ties go to the lower index
 		{[]float32{-2, -1, -9}, 1},
+		{[]float32{nan, 1, 2, nan, 3, nan}, 4}, // NaN is never the largest
+		{[]float32{nan, nan}, 0},
+		{[]float32{nan, -inf, -inf}, 1},
+		{[]float32{1, 2, 3, 4, 5, 6, 7, 9, 9}, 7}, // tie across the unrolled lanes and the tail
+		{[]float32{0, 0, 0, 0, 0, inf, 0, inf}, 5},
 	} {
 		if got := Index(c.v); got != c.want {
 			t.Errorf("Index(%v) = %d, want %d", c.v, got, c.want)
 		}
 	}
+}
+
+// TestIndexMatchesReference checks random rows of every length up to 67,
+// with many ties (values drawn from a few levels) and some NaN.
+func TestIndexMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for n := range 68 {
+		for range 200 {
+			v := make([]float32, n)
+			for i := range v {
+				v[i] = float32(rng.IntN(5)) - 2
+				if rng.IntN(20) == 0 {
+					v[i] = float32(math.NaN())
+				}
+			}
+			if got, want := Index(v), reference(v); got != want {
+				t.Fatalf("Index(%v) = %d, want %d", v, got, want)
+			}
+		}
+	}
+}
+
+// BenchmarkIndex: a 32,000-token row of logits against the one-loop
+// reference, in the same run.
+func BenchmarkIndex(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	v := make([]float32, 32000)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64() * 3)
+	}
+	b.Run("shardd", func(b *testing.B) {
+		for b.Loop() {
+			Index(v)
+		}
+	})
+	b.Run("one-loop", func(b *testing.B) {
+		for b.Loop() {
+			reference(v)
+		}
+	})
 }

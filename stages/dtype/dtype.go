@@ -112,9 +112,26 @@ func AppendF32ToF16(dst []byte, src []float32) []byte {
 	return dst
 }
 
+// nativeLittleEndian is true on machines that store a float32 the way the
+// wire does; there float32 <-> bytes is one memmove (a last hop's logits are
+// 128 KB per token, and an element loop over them cost about 30 µs).
+var nativeLittleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// f32Bytes views src's memory as bytes (no alignment requirement).
+func f32Bytes(src []float32) []byte {
+	if len(src) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&src[0])), 4*len(src))
+}
+
 // AppendF32Bytes appends float32 values as little-endian bytes.
 func AppendF32Bytes(dst []byte, src []float32) []byte {
 	dst, tail := grow(dst, 4*len(src))
+	if nativeLittleEndian {
+		copy(tail, f32Bytes(src))
+		return dst
+	}
 	for i, f := range src {
 		binary.LittleEndian.PutUint32(tail[4*i:], math.Float32bits(f))
 	}
@@ -122,9 +139,14 @@ func AppendF32Bytes(dst []byte, src []float32) []byte {
 }
 
 // AppendF32FromBytes converts little-endian float32 bytes, appending to dst.
+// A trailing partial element is ignored.
 func AppendF32FromBytes(dst []float32, src []byte) []float32 {
 	n := len(src) / 4
 	dst, tail := grow(dst, n)
+	if nativeLittleEndian {
+		copy(f32Bytes(tail), src[:4*n])
+		return dst
+	}
 	for i := range tail {
 		tail[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
 	}

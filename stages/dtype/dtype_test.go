@@ -120,6 +120,35 @@ func TestF32BytesRoundTrip(t *testing.T) {
 	}
 }
 
+// TestF32BytesLittleEndian checks the bulk copies against the wire's
+// explicit little-endian encoding, bit for bit (NaN payloads included), with
+// offsets that leave the byte side unaligned and a trailing partial element.
+func TestF32BytesLittleEndian(t *testing.T) {
+	in := make([]float32, 1027)
+	for i := range in {
+		in[i] = math.Float32frombits(uint32(i)*2654435761 ^ 0x7fc00001)
+	}
+	in[3] = float32(math.Inf(-1))
+	prefix := []byte{9, 9, 9}
+	got := AppendF32Bytes(append([]byte(nil), prefix...), in)
+	want := append([]byte(nil), prefix...)
+	for _, f := range in {
+		want = binary.LittleEndian.AppendUint32(want, math.Float32bits(f))
+	}
+	if string(got) != string(want) {
+		t.Fatal("AppendF32Bytes differs from the little-endian encoding")
+	}
+	back := AppendF32FromBytes([]float32{7}, append(got[len(prefix):], 1, 2))
+	if len(back) != 1+len(in) || back[0] != 7 {
+		t.Fatalf("AppendF32FromBytes kept %d values, want %d", len(back), 1+len(in))
+	}
+	for i, f := range in {
+		if math.Float32bits(back[1+i]) != math.Float32bits(f) {
+			t.Fatalf("%d: %#08x, want %#08x", i, math.Float32bits(back[1+i]), math.Float32bits(f))
+		}
+	}
+}
+
 // plainBF16ToF32 is the per-element loop the fast path is measured against.
 func plainBF16ToF32(dst []float32, src []byte) []float32 {
 	for i := 0; i+1 < len(src); i += 2 {
