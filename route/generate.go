@@ -18,6 +18,7 @@ import (
 	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/stages"
 	"github.com/meshnet/shardd/stages/checksum"
+	"github.com/meshnet/shardd/stages/decode"
 	"github.com/meshnet/shardd/stages/dtype"
 	"github.com/meshnet/shardd/stages/frameout"
 	"github.com/meshnet/shardd/stages/reassemble"
@@ -64,20 +65,30 @@ type hopStream struct {
 	cancel context.CancelFunc
 	limits *shardv1.FlowControl
 	// held are the responses of the last exchange: the chunk, Ack or status
-	// it returned point into them until the next exchange on this stream,
-	// which hands them back to vtprotobuf's pools. Reused messages keep their
-	// payload's capacity, so a last hop's logits (4 x vocab bytes per step)
-	// are not a fresh allocation every token.
-	held []*shardv1.SessionResponse
+	// it returned alias their receive buffers until the next exchange on
+	// this stream releases them (a last hop's logits, 4 x vocab bytes per
+	// step, are read where gRPC received them). free keeps released ones.
+	held, free []*decode.Response
 }
 
-// recycle returns the last exchange's responses to their pools.
+// recycle releases the last exchange's responses.
 func (s *hopStream) recycle() {
-	for i, m := range s.held {
-		m.ReturnToVTPool()
+	for i, r := range s.held {
+		r.Release()
+		s.free = append(s.free, r)
 		s.held[i] = nil
 	}
 	s.held = s.held[:0]
+}
+
+// response returns an empty Response to receive into.
+func (s *hopStream) response() *decode.Response {
+	if n := len(s.free); n > 0 {
+		r := s.free[n-1]
+		s.free = s.free[:n-1]
+		return r
+	}
+	return new(decode.Response)
 }
 
 type gen struct {
@@ -376,16 +387,16 @@ func (g *gen) exchange(s *hopStream, req *shardv1.SessionRequest) (*shardv1.Acti
 	}
 	var chunk *shardv1.ActivationChunk
 	for {
-		resp := shardv1.SessionResponseFromVTPool()
+		resp := s.response()
+		// Still held on error: RecvMsg may have failed after decoding.
+		s.held = append(s.held, resp)
 		if err := s.stream.RecvMsg(resp); err != nil {
-			resp.ReturnToVTPool()
 			if err == io.EOF {
 				return nil, nil, nil, io.ErrUnexpectedEOF
 			}
 			return nil, nil, nil, err
 		}
-		s.held = append(s.held, resp)
-		switch k := resp.Kind.(type) {
+		switch k := resp.Msg.Kind.(type) {
 		case *shardv1.SessionResponse_Chunk:
 			chunk = k.Chunk
 		case *shardv1.SessionResponse_Ack:

@@ -90,6 +90,15 @@ func scrub(m *shardv1.SessionRequest) {
 	}
 }
 
+// scrubResponse is scrub for a response (the head's side).
+func scrubResponse(m *shardv1.SessionResponse) {
+	if k, ok := m.Kind.(*shardv1.SessionResponse_Chunk); ok {
+		for _, nt := range k.Chunk.GetBundle().GetTensors() {
+			scrubTensor(nt)
+		}
+	}
+}
+
 func scrubTensor(nt *shardv1.NamedTensor) {
 	if nt == nil {
 		return
@@ -100,6 +109,30 @@ func scrubTensor(nt *shardv1.NamedTensor) {
 	if nt.Checksum != nil {
 		nt.Checksum.Value = nil
 	}
+}
+
+// Response is one received SessionResponse whose bytes alias the receive
+// buffer: the head's counterpart of Inbound, so a last hop's logits reach the
+// sampler without being copied out of the message. The owner calls Release
+// exactly once when nothing needs Msg's bytes any more; until then Msg is
+// read-only. A Response is reusable after Release.
+type Response struct {
+	Msg shardv1.SessionResponse
+
+	buf mem.Buffer // reference held until Release; nil when released
+}
+
+// Release returns the message's nested parts to vtprotobuf's pools and drops
+// the reference on the receive buffer. Release on a released Response is a
+// no-op.
+func (r *Response) Release() {
+	if r.buf == nil {
+		return
+	}
+	scrubResponse(&r.Msg)
+	r.Msg.ResetVT()
+	r.buf.Free()
+	r.buf = nil
 }
 
 // Len is the size of the received message in bytes.
@@ -168,6 +201,16 @@ func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch m := v.(type) {
 	case *Inbound:
 		return c.unmarshalInbound(data, m)
+	case *Response:
+		m.Release()
+		buf, _ := c.hold(data)
+		if err := m.Msg.UnmarshalVTUnsafe(buf.ReadOnlyData()); err != nil {
+			m.Msg.ResetVT()
+			buf.Free()
+			return err
+		}
+		m.buf = buf
+		return nil
 	case vtMessage:
 		buf := data.MaterializeToBuffer(c.Pool)
 		defer buf.Free()
@@ -180,18 +223,23 @@ func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	return fmt.Errorf("decode: cannot unmarshal into %T", v)
 }
 
+// hold returns one buffer with data's bytes and a reference the caller
+// owns: the frame buffer itself when the message arrived in one frame,
+// otherwise one pooled copy (materialized true).
+func (c Codec) hold(data mem.BufferSlice) (buf mem.Buffer, materialized bool) {
+	if len(data) == 1 {
+		data[0].Ref()
+		return data[0], false
+	}
+	return data.MaterializeToBuffer(c.Pool), true // holds its own reference
+}
+
 func (c Codec) unmarshalInbound(data mem.BufferSlice, in *Inbound) error {
 	in.Release()
 	in.DecodeStart = time.Now()
 	defer func() { in.DecodeEnd = time.Now() }()
 	var buf mem.Buffer
-	in.materialized = len(data) > 1
-	if len(data) == 1 {
-		buf = data[0]
-		buf.Ref()
-	} else {
-		buf = data.MaterializeToBuffer(c.Pool) // holds its own reference
-	}
+	buf, in.materialized = c.hold(data)
 	if in.Msg == nil {
 		in.Msg = &shardv1.SessionRequest{}
 	}

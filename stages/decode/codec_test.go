@@ -256,3 +256,66 @@ func TestReleaseScrubsAliases(t *testing.T) {
 		t.Fatalf("released parts still alias the receive buffer: payload cap %d, checksum cap %d", cap(frag.Payload), cap(sum.Value))
 	}
 }
+
+// TestResponseAliasesAndScrubs: a last hop's result spans several frames,
+// so it is materialized once and the payload aliases that copy; Release
+// returns the buffer and leaves no pooled part pointing into it.
+func TestResponseAliasesAndScrubs(t *testing.T) {
+	pool := bufpooltest.New(t)
+	payload := make([]byte, 40000)
+	for i := range payload {
+		payload[i] = byte(i * 13)
+	}
+	resp := &shardv1.SessionResponse{Kind: &shardv1.SessionResponse_Chunk{Chunk: &shardv1.ActivationChunk{
+		Envelope: &shardv1.Envelope{WorkId: "rs-1/9", IdempotencyStep: 9},
+		Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: []*shardv1.NamedTensor{{
+			Name: "logits", Shape: []int64{1, 10000}, Dtype: shardv1.DType_DTYPE_FLOAT32, TotalBytes: uint64(len(payload)),
+			Checksum:  &shardv1.Checksum{Algorithm: shardv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C, Value: []byte{1, 2, 3, 4}},
+			Fragments: []*shardv1.TensorFragment{{FragmentCount: 1, Payload: payload}},
+		}}},
+	}}}
+	wire, err := resp.MarshalVT()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data mem.BufferSlice
+	for off := 0; off < len(wire); off += 16384 {
+		data = append(data, mem.Copy(wire[off:min(len(wire), off+16384)], pool))
+	}
+	var r Response
+	if err := (Codec{Pool: pool}).Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	data.Free()
+	nt := r.Msg.GetChunk().GetBundle().GetTensors()[0]
+	frag, sum := nt.GetFragments()[0], nt.GetChecksum()
+	if !bytes.Equal(frag.Payload, payload) || r.Msg.GetChunk().GetEnvelope().GetWorkId() != "rs-1/9" {
+		t.Fatal("decoded response differs")
+	}
+	if !within(frag.Payload, r.buf.ReadOnlyData()) {
+		t.Fatal("payload was copied out of the materialized buffer")
+	}
+	if pool.Outstanding() != 1 {
+		t.Fatalf("outstanding %d, want the materialized buffer only", pool.Outstanding())
+	}
+	r.Release()
+	if cap(frag.Payload) != 0 || cap(sum.Value) != 0 {
+		t.Fatalf("released parts still alias the receive buffer: payload cap %d, checksum cap %d", cap(frag.Payload), cap(sum.Value))
+	}
+	if pool.Outstanding() != 0 {
+		t.Fatalf("outstanding %d after Release", pool.Outstanding())
+	}
+	r.Release() // idempotent
+
+	// Reusable: an Ack into the same Response.
+	ack, _ := (&shardv1.SessionResponse{Kind: &shardv1.SessionResponse_Ack{Ack: &shardv1.Ack{WorkId: "w", IdempotencyStep: 3}}}).MarshalVT()
+	data = mem.BufferSlice{mem.Copy(ack, pool)}
+	if err := (Codec{Pool: pool}).Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	data.Free()
+	if r.Msg.GetAck().GetIdempotencyStep() != 3 || r.Msg.GetChunk() != nil {
+		t.Fatalf("reused Response decoded %v", &r.Msg)
+	}
+	r.Release()
+}
