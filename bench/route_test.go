@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -88,9 +89,18 @@ func BenchmarkRouteDecode(b *testing.B) {
 	routeTokens := 0
 	hops := make([]route.HopStats, len(addrs))
 	var routeCPU int64
+	var routeGaps []time.Duration // between consecutive decoded tokens
 	for b.Loop() {
 		cpu0 := processCPU()
-		st, err := r.Generate(context.Background(), route.Request{Prompt: prompt, MaxTokens: n}, func(int32) error { return nil })
+		var last time.Time
+		st, err := r.Generate(context.Background(), route.Request{Prompt: prompt, MaxTokens: n}, func(int32) error {
+			now := time.Now()
+			if !last.IsZero() {
+				routeGaps = append(routeGaps, now.Sub(last))
+			}
+			last = now
+			return nil
+		})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -111,6 +121,13 @@ func BenchmarkRouteDecode(b *testing.B) {
 	b.ReportMetric(whole.rate(), "unsplit-tok/s")
 	b.ReportMetric(routeRate/whole.rate(), "route/unsplit")
 	b.ReportMetric(chain.rate()/whole.rate(), "chain/unsplit")
+	// The same ratios from the median time per token, which a hiccup of
+	// the shared host during a few tokens does not move.
+	rp50, cp50, up50 := median(routeGaps), median(chain.gaps), median(whole.gaps)
+	b.ReportMetric(float64(up50)/float64(rp50), "route/unsplit-p50")
+	b.ReportMetric(float64(up50)/float64(cp50), "chain/unsplit-p50")
+	b.ReportMetric(float64(rp50.Microseconds()), "route-p50-us")
+	b.ReportMetric(float64(up50.Microseconds()), "unsplit-p50-us")
 	// CPU time of the whole process per generated token (prompt included),
 	// all threads: what the wire and the engine add to the forward's work.
 	gens := float64(b.N * n)
@@ -137,6 +154,16 @@ type timedChain struct {
 	decode time.Duration
 	tokens int
 	cpu    int64 // process CPU time spent in generate, ns
+	gaps   []time.Duration
+}
+
+// median returns the middle value of d (sorting d).
+func median(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return d[len(d)/2]
 }
 
 func newTimedChain(b *testing.B, paths ...string) *timedChain {
@@ -176,12 +203,16 @@ func (c *timedChain) generate(b *testing.B, prompt []int32, n int) {
 	}
 	t0 := time.Now()
 	pos := len(prompt)
+	last := t0
 	for range n - 1 {
 		tok := argmax.Index(logits)
 		if logits, err = c.Forward([]verify.Row{{Pos: pos, Token: tok, Output: true}}); err != nil {
 			b.Fatal(err)
 		}
 		pos++
+		now := time.Now()
+		c.gaps = append(c.gaps, now.Sub(last))
+		last = now
 	}
 	c.decode += time.Since(t0)
 	c.tokens += n - 1

@@ -39,8 +39,9 @@ type Request struct {
 type HopStats struct {
 	Addr  string
 	Calls int
-	// Wall is the time from sending a unit of work to its Ack, seen by the
-	// head; Exec is the execution time the worker reported.
+	// Wall is the time from sending a unit of work to its result (the
+	// output chunk, or the Ack or status when there is none), seen by the
+	// head; Exec is the execution time the worker reported in the Ack.
 	Wall, Exec time.Duration
 }
 
@@ -69,6 +70,15 @@ type hopStream struct {
 	// this stream releases them (a last hop's logits, 4 x vocab bytes per
 	// step, are read where gRPC received them). free keeps released ones.
 	held, free []*decode.Response
+	// ackDue is the step whose output arrived and whose Ack has not been
+	// read yet (0: none). The head goes on with the output at once and
+	// reads the Ack at the next exchange on this stream: a worker sends a
+	// step's Ack after its output, and behind a large output (a last hop's
+	// logits) the Ack waits until the transport has written the output.
+	ackDue uint64
+	// lazyAck: the granted window allows a second un-acked step, so Acks
+	// may be read late.
+	lazyAck bool
 }
 
 // recycle releases the last exchange's responses.
@@ -167,6 +177,7 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 		}
 	}
 	g.stats.Decode = time.Since(start)
+	g.settle()
 	return g.stats, nil
 }
 
@@ -229,7 +240,9 @@ func (g *gen) open(i int) error {
 		cancel()
 		return fmt.Errorf("%w: %s refused the session: %s", ErrRefused, h.Addr, resp.GetStatus().GetError().GetDetail())
 	}
-	g.streams[i] = &hopStream{hop: h, stream: stream, cancel: cancel, limits: a.FlowControl}
+	fc := a.FlowControl
+	g.streams[i] = &hopStream{hop: h, stream: stream, cancel: cancel, limits: fc,
+		lazyAck: fc.GetCreditsGranted() >= 2 && fc.GetMaxInflightChunks() >= 2}
 	return nil
 }
 
@@ -347,7 +360,7 @@ func (g *gen) call(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTensor, 
 			}
 		}
 		t0 := time.Now()
-		chunk, ack, st, err := g.exchange(g.streams[i], req)
+		chunk, ack, st, err := g.exchange(i, req)
 		if err != nil {
 			lastErr = err
 			if g.ctx.Err() != nil {
@@ -357,6 +370,10 @@ func (g *gen) call(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTensor, 
 		}
 		hs.Calls++
 		hs.Wall += time.Since(t0)
+		if ack == nil && st == nil {
+			// The output came first; its Ack is read at the next exchange.
+			return chunk.GetBundle().GetTensors(), nil
+		}
 		if st != nil {
 			if st.GetError().GetCode() == shardv1.ErrorCode_ERROR_CODE_CACHE_MISS {
 				return nil, errCacheMiss
@@ -364,10 +381,7 @@ func (g *gen) call(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTensor, 
 			g.stats.RefusedDetails = append(g.stats.RefusedDetails, st.GetError().GetDetail())
 			return nil, fmt.Errorf("%w: %s: %s: %s", ErrRefused, g.streams[i].hop.Addr, st.GetError().GetCode(), st.GetError().GetDetail())
 		}
-		hs.Exec += time.Duration(ack.ExecutionNanos)
-		if ack.Duplicate {
-			g.stats.DuplicateAcks++
-		}
+		g.countAck(i, ack)
 		if chunk == nil {
 			// A duplicate whose result the worker no longer holds: the
 			// state is right but the output is gone; rebuild it.
@@ -378,9 +392,21 @@ func (g *gen) call(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTensor, 
 	return nil, fmt.Errorf("route: %s: step failed after %d attempts: %w", g.r.Hops[i].Addr, g.r.opts.Retries+1, lastErr)
 }
 
-// exchange sends one unit of work and reads until its Ack or ShardStatus.
-// What it returns is valid until the next exchange on s.
-func (g *gen) exchange(s *hopStream, req *shardv1.SessionRequest) (*shardv1.ActivationChunk, *shardv1.Ack, *shardv1.ShardStatus, error) {
+// countAck adds an Ack's figures to hop i's statistics.
+func (g *gen) countAck(i int, ack *shardv1.Ack) {
+	g.stats.Hops[i].Exec += time.Duration(ack.ExecutionNanos)
+	if ack.Duplicate {
+		g.stats.DuplicateAcks++
+	}
+}
+
+// exchange sends one unit of work to hop i and reads until its output
+// chunk (when the stream allows the Ack to be read late: then ack and st are
+// nil), its Ack or its ShardStatus. An Ack still due from the previous
+// exchange is read on the way. What it returns is valid until the next
+// exchange on the stream.
+func (g *gen) exchange(i int, req *shardv1.SessionRequest) (*shardv1.ActivationChunk, *shardv1.Ack, *shardv1.ShardStatus, error) {
+	s := g.streams[i]
 	s.recycle()
 	if err := s.stream.Send(req); err != nil {
 		return nil, nil, nil, err
@@ -399,10 +425,37 @@ func (g *gen) exchange(s *hopStream, req *shardv1.SessionRequest) (*shardv1.Acti
 		switch k := resp.Msg.Kind.(type) {
 		case *shardv1.SessionResponse_Chunk:
 			chunk = k.Chunk
+			if s.lazyAck && s.ackDue == 0 {
+				s.ackDue = k.Chunk.GetEnvelope().GetIdempotencyStep()
+				return chunk, nil, nil, nil
+			}
 		case *shardv1.SessionResponse_Ack:
+			if s.ackDue != 0 && k.Ack.IdempotencyStep == s.ackDue {
+				s.ackDue = 0
+				g.countAck(i, k.Ack)
+				continue
+			}
 			return chunk, k.Ack, nil, nil
 		case *shardv1.SessionResponse_Status:
 			return nil, nil, k.Status, nil
+		}
+	}
+}
+
+// settle reads the Acks still due on every stream, so that a finished
+// generation's statistics count every step.
+func (g *gen) settle() {
+	for i, s := range g.streams {
+		for s != nil && s.ackDue != 0 {
+			var resp decode.Response
+			if err := s.stream.RecvMsg(&resp); err != nil {
+				return
+			}
+			if ack := resp.Msg.GetAck(); ack != nil && ack.IdempotencyStep == s.ackDue {
+				s.ackDue = 0
+				g.countAck(i, ack)
+			}
+			resp.Release()
 		}
 	}
 }
