@@ -36,13 +36,17 @@ func routePoll() int {
 	return p
 }
 
+// routePin is shardd serve's default (--pin-threads auto) for every set-up,
+// or off with SHARDD_BENCH_PIN=off.
+func routePin() bool { return os.Getenv("SHARDD_BENCH_PIN") != "off" && llamacpp.PinAuto(routeThreads) }
+
 // serveShard runs one worker for path on loopback and returns its address.
 func serveShard(b *testing.B, path string) string {
 	meta, err := gguf.Read(path)
 	if err != nil {
 		b.Fatal(err)
 	}
-	be, err := llamacpp.OpenMeta(llamacpp.Config{Path: path, Threads: routeThreads, MaxSeqs: 3, CtxTokens: 1024, MaxBatch: 64, Poll: routePoll()}, meta)
+	be, err := llamacpp.OpenMeta(llamacpp.Config{Path: path, Threads: routeThreads, MaxSeqs: 3, CtxTokens: 1024, MaxBatch: 64, Poll: routePoll(), PinThreads: routePin()}, meta)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -128,6 +132,15 @@ func BenchmarkRouteDecode(b *testing.B) {
 	b.ReportMetric(float64(up50)/float64(cp50), "chain/unsplit-p50")
 	b.ReportMetric(float64(rp50.Microseconds()), "route-p50-us")
 	b.ReportMetric(float64(up50.Microseconds()), "unsplit-p50-us")
+	if os.Getenv("SHARDD_BENCH_DIST") != "" {
+		for _, d := range []struct {
+			name string
+			g    []time.Duration
+		}{{"route", routeGaps}, {"chain", chain.gaps}, {"unsplit", whole.gaps}} {
+			n := len(d.g)
+			b.Logf("%-8s p10 %v p50 %v p90 %v p99 %v max %v", d.name, d.g[n/10], d.g[n/2], d.g[n*9/10], d.g[n*99/100], d.g[n-1])
+		}
+	}
 	// CPU time of the whole process per generated token (prompt included),
 	// all threads: what the wire and the engine add to the forward's work.
 	gens := float64(b.N * n)
@@ -170,7 +183,7 @@ func newTimedChain(b *testing.B, paths ...string) *timedChain {
 	c := &timedChain{}
 	var chained []backend.Backend
 	for _, p := range paths {
-		be, err := llamacpp.Open(llamacpp.Config{Path: p, Threads: routeThreads, MaxSeqs: 1, CtxTokens: 1024, MaxBatch: 64, Poll: routePoll()})
+		be, err := llamacpp.Open(llamacpp.Config{Path: p, Threads: routeThreads, MaxSeqs: 1, CtxTokens: 1024, MaxBatch: 64, Poll: routePoll(), PinThreads: routePin()})
 		if err != nil {
 			b.Fatal(err)
 		}

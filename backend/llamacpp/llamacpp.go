@@ -64,6 +64,15 @@ type Config struct {
 	// cores: where several workers (or anything else) share a machine, an
 	// idle worker's spinning slows the busy one. 0 (the default) sleeps.
 	Poll int
+	// PinThreads pins the compute threads one per CPU: the threadpool's
+	// threads for good, and the thread that calls a forward (a Go thread,
+	// which runs other goroutines in between) for the forward's length.
+	// ggml's threads wait for each other at spinning barriers many times per
+	// forward; when the scheduler puts two of them on one CPU, each barrier
+	// waits out a time slice. Ignored when Threads exceeds the CPUs this
+	// process may use. Pin only one backend per process: pinned backends
+	// share CPUs 0..Threads-1.
+	PinThreads bool
 	// Verbose passes llama.cpp's info logs through.
 	Verbose bool
 }
@@ -88,6 +97,8 @@ type Backend struct {
 	tp    *C.struct_ggml_threadpool
 	cap   *C.shardd_capture // nil on logit-producing shards
 	pre   *C.shardd_preempt // C memory: written atomically from Go and read by llama.cpp
+	// mainCPU is the CPU a forward's calling thread is pinned to; -1: none.
+	mainCPU C.int32_t
 }
 
 var _ backend.Preemptible = (*Backend)(nil)
@@ -165,12 +176,23 @@ func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
 	}
 	b.pre = (*C.shardd_preempt)(C.calloc(1, C.size_t(unsafe.Sizeof(C.shardd_preempt{}))))
 	C.shardd_set_preempt(b.ctx, b.pre)
-	if b.tp = C.shardd_attach_threadpool(b.ctx, C.int32_t(cfg.Threads), C.uint32_t(min(max(cfg.Poll, 0), 100))); b.tp == nil {
+	if b.tp = C.shardd_attach_threadpool(b.ctx, C.int32_t(cfg.Threads), C.uint32_t(min(max(cfg.Poll, 0), 100)),
+		C.bool(cfg.PinThreads), &b.mainCPU); b.tp == nil {
 		b.Close()
 		return nil, errors.New("llamacpp: could not create a threadpool")
 	}
 	return b, nil
 }
+
+// PinAuto is the default for Config.PinThreads: pin when a forward's
+// threads take every CPU this process may run on (threads 0 means all), the
+// case where the scheduler has no spare CPU to separate two compute threads
+// it put together.
+func PinAuto(threads int) bool { return threads == 0 || threads == runtime.NumCPU() }
+
+// Pinned reports whether the compute threads are pinned (Config.PinThreads,
+// when it applies).
+func (b *Backend) Pinned() bool { return b.mainCPU >= 0 }
 
 // Info describes the loaded shard.
 func (b *Backend) Info() backend.Info { return b.info }
@@ -252,7 +274,7 @@ func (b *Backend) forward(bb backend.Batch, out *backend.Output) error {
 	if b.cap != nil {
 		b.cap.n_floats, b.cap.bad = 0, 0
 	}
-	switch rc := C.llama_decode(b.ctx, bt.c); {
+	switch rc := C.shardd_decode(b.ctx, bt.c, b.mainCPU); {
 	case rc == 2:
 		return backend.ErrPreempted
 	case rc == 1:

@@ -1,3 +1,5 @@
+#define _GNU_SOURCE
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include "ggml.h"
@@ -95,14 +97,62 @@ bool shardd_seq_rm(struct llama_context *ctx, int32_t seq, int32_t p0) {
     return llama_memory_seq_rm(llama_get_memory(ctx), seq, p0, -1);
 }
 
-struct ggml_threadpool *shardd_attach_threadpool(struct llama_context *ctx, int32_t threads, uint32_t poll) {
+// The CPUs this process may run on, read when the first pinned threadpool is
+// made; a pinned forward's calling thread gets them back afterwards.
+static cpu_set_t shardd_allowed;
+static int shardd_allowed_ok = 0;
+
+struct ggml_threadpool *shardd_attach_threadpool(struct llama_context *ctx, int32_t threads, uint32_t poll,
+                                                 bool pin, int32_t *main_cpu) {
     struct ggml_threadpool_params p = ggml_threadpool_params_default(threads);
     p.poll = poll;
+    *main_cpu = -1;
+    if (pin && !shardd_allowed_ok && sched_getaffinity(0, sizeof shardd_allowed, &shardd_allowed) == 0) {
+        shardd_allowed_ok = 1;
+    }
+    // One CPU per thread, or no pinning: two compute threads on one CPU make
+    // ggml's spinning barriers wait out whole time slices.
+    // A single thread has no barrier to protect.
+    pin = pin && shardd_allowed_ok && threads > 1 && threads <= CPU_COUNT(&shardd_allowed);
+    if (pin) {
+        // ggml gives workers 1..n-1 the first allowed CPUs in order and the
+        // calling thread (worker 0) the next one.
+        int seen = 0;
+        for (int i = 0; i < GGML_MAX_N_THREADS && i < CPU_SETSIZE; i++) {
+            if (!CPU_ISSET(i, &shardd_allowed)) {
+                continue;
+            }
+            p.cpumask[i] = true;
+            if (++seen == threads) {
+                *main_cpu = i;
+            }
+        }
+        p.strict_cpu = true;
+    }
     struct ggml_threadpool *tp = ggml_threadpool_new(&p);
+    if (pin) {
+        // ggml pinned the creating thread as worker 0; that is a Go thread,
+        // which runs other goroutines too. Forwards pin it for their length
+        // only (shardd_decode).
+        sched_setaffinity(0, sizeof shardd_allowed, &shardd_allowed);
+    }
     if (tp != NULL) {
         llama_attach_threadpool(ctx, tp, tp);
     }
     return tp;
+}
+
+int32_t shardd_decode(struct llama_context *ctx, struct llama_batch batch, int32_t main_cpu) {
+    if (main_cpu < 0) {
+        return llama_decode(ctx, batch);
+    }
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(main_cpu, &one);
+    sched_setaffinity(0, sizeof one, &one);
+    int32_t rc = llama_decode(ctx, batch);
+    sched_setaffinity(0, sizeof shardd_allowed, &shardd_allowed);
+    return rc;
 }
 
 void shardd_threadpool_free(struct ggml_threadpool *tp) {

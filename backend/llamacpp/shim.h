@@ -25,8 +25,14 @@ struct llama_context *shardd_new_context(struct llama_model *model, uint32_t n_c
                                          shardd_capture *cap);
 // shardd_attach_threadpool gives ctx its own CPU threadpool with the given
 // polling level (0: idle threads sleep; 100: they spin). Free it with
-// ggml_threadpool_free after llama_free.
-struct ggml_threadpool *shardd_attach_threadpool(struct llama_context *ctx, int32_t threads, uint32_t poll);
+// ggml_threadpool_free after llama_free. With pin, and no more threads than
+// allowed CPUs, the pool's threads are pinned one per CPU and *main_cpu is
+// the CPU for the thread that calls shardd_decode (else -1).
+struct ggml_threadpool *shardd_attach_threadpool(struct llama_context *ctx, int32_t threads, uint32_t poll,
+                                                 bool pin, int32_t *main_cpu);
+// shardd_decode is llama_decode with the calling thread pinned to main_cpu
+// for the call's length (main_cpu < 0: not pinned).
+int32_t shardd_decode(struct llama_context *ctx, struct llama_batch batch, int32_t main_cpu);
 void shardd_threadpool_free(struct ggml_threadpool *tp);
 
 // Preemption: llama.cpp's abort callback stops a forward when both words are

@@ -55,6 +55,7 @@ func runServe(args []string) error {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	tf := addTelemetryFlags(fs)
 	poll := fs.Int("poll", 0, "llama.cpp threadpool polling after a forward, 0..100: spinning answers the next step sooner but burns the cores; keep 0 where workers share a machine")
+	pin := fs.String("pin-threads", "auto", "pin the forward threads one per CPU: on, off, or auto (on when --threads uses every CPU this process may run on, as with taskset or a cpuset); two compute threads sharing a CPU stall llama.cpp's spinning barriers")
 	verbose := fs.Bool("verbose", false, "pass llama.cpp's own logs through")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -80,6 +81,16 @@ func runServe(args []string) error {
 	if *resultsBytes < 1 {
 		return fmt.Errorf("--results-cache-bytes must be positive")
 	}
+	var pinThreads bool
+	switch *pin {
+	case "on":
+		pinThreads = true
+	case "off":
+	case "auto":
+		pinThreads = llamacpp.PinAuto(*threads)
+	default:
+		return fmt.Errorf("--pin-threads must be on, off or auto")
+	}
 
 	meta, err := gguf.Read(*model)
 	if err != nil {
@@ -95,6 +106,7 @@ func runServe(args []string) error {
 	}
 	be, err := llamacpp.OpenMeta(llamacpp.Config{
 		Path: *model, Threads: *threads, MaxSeqs: *sessions + 1, CtxTokens: *ctxTokens, MaxBatch: *batch, Poll: *poll, Verbose: *verbose,
+		PinThreads: pinThreads,
 	}, meta)
 	if err != nil {
 		return err
@@ -128,7 +140,7 @@ func runServe(args []string) error {
 
 	info := be.Info()
 	log.Info("serving", "listen", lis.Addr().String(), "layers", fmt.Sprintf("%d:%d of %d", meta.Start, meta.End, meta.Total),
-		"tokens_in", info.TokensIn, "logits_out", info.LogitsOut, "state", eng.State().String(),
+		"tokens_in", info.TokensIn, "logits_out", info.LogitsOut, "threads", info.Threads, "pinned", be.Pinned(), "state", eng.State().String(),
 		"model_digest", eng.Identity().Fingerprint.ModelArtifactDigest, "recipe_digest", eng.Identity().Fingerprint.RuntimeRecipeDigest)
 	// A line scripts wait for.
 	fmt.Printf("shardd: listening on %s\n", lis.Addr())
