@@ -111,7 +111,7 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			be, err := llamacpp.OpenMeta(llamacpp.Config{Path: model, Threads: 2, MaxSeqs: 8, CtxTokens: 8192, MaxBatch: 256}, meta)
+			be, err := llamacpp.OpenMeta(llamacpp.Config{Path: model, Threads: 2, MaxSeqs: 8, CtxTokens: 8192, MaxBatch: 256, PinThreads: routePin()}, meta)
 			if err != nil {
 				b.Fatal(err)
 			}

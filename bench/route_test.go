@@ -36,7 +36,8 @@ func routePoll() int {
 	return p
 }
 
-// routePin is shardd serve's default (--pin-threads auto) for every set-up,
+// routePin is shardd serve's default (--pin-threads auto) for every set-up
+// of the route and decode-under-prefill benchmarks,
 // or off with SHARDD_BENCH_PIN=off.
 func routePin() bool { return os.Getenv("SHARDD_BENCH_PIN") != "off" && llamacpp.PinAuto(routeThreads) }
 
