@@ -1,4 +1,5 @@
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -97,23 +98,30 @@ bool shardd_seq_rm(struct llama_context *ctx, int32_t seq, int32_t p0) {
     return llama_memory_seq_rm(llama_get_memory(ctx), seq, p0, -1);
 }
 
-// The CPUs this process may run on, read when the first pinned threadpool is
-// made; a pinned forward's calling thread gets them back afterwards.
+// The CPUs this process may run on, read once, when the first pinned
+// threadpool is made.
 static cpu_set_t shardd_allowed;
 static int shardd_allowed_ok = 0;
+static pthread_once_t shardd_allowed_once = PTHREAD_ONCE_INIT;
+
+static void shardd_read_allowed(void) {
+    shardd_allowed_ok = sched_getaffinity(0, sizeof shardd_allowed, &shardd_allowed) == 0;
+}
 
 struct ggml_threadpool *shardd_attach_threadpool(struct llama_context *ctx, int32_t threads, uint32_t poll,
                                                  bool pin, int32_t *main_cpu) {
     struct ggml_threadpool_params p = ggml_threadpool_params_default(threads);
     p.poll = poll;
     *main_cpu = -1;
-    if (pin && !shardd_allowed_ok && sched_getaffinity(0, sizeof shardd_allowed, &shardd_allowed) == 0) {
-        shardd_allowed_ok = 1;
+    if (pin) {
+        pthread_once(&shardd_allowed_once, shardd_read_allowed);
     }
     // One CPU per thread, or no pinning: two compute threads on one CPU make
     // ggml's spinning barriers wait out whole time slices.
     // A single thread has no barrier to protect.
     pin = pin && shardd_allowed_ok && threads > 1 && threads <= CPU_COUNT(&shardd_allowed);
+    cpu_set_t before;
+    pin = pin && sched_getaffinity(0, sizeof before, &before) == 0;
     if (pin) {
         // ggml gives workers 1..n-1 the first allowed CPUs in order and the
         // calling thread (worker 0) the next one.
@@ -134,7 +142,7 @@ struct ggml_threadpool *shardd_attach_threadpool(struct llama_context *ctx, int3
         // ggml pinned the creating thread as worker 0; that is a Go thread,
         // which runs other goroutines too. Forwards pin it for their length
         // only (shardd_decode).
-        sched_setaffinity(0, sizeof shardd_allowed, &shardd_allowed);
+        sched_setaffinity(0, sizeof before, &before);
     }
     if (tp != NULL) {
         llama_attach_threadpool(ctx, tp, tp);
@@ -146,12 +154,17 @@ int32_t shardd_decode(struct llama_context *ctx, struct llama_batch batch, int32
     if (main_cpu < 0) {
         return llama_decode(ctx, batch);
     }
-    cpu_set_t one;
+    // The calling thread gets back whatever it had (the process's CPUs, or
+    // what an operator set since).
+    cpu_set_t saved, one;
+    if (sched_getaffinity(0, sizeof saved, &saved) != 0) {
+        return llama_decode(ctx, batch);
+    }
     CPU_ZERO(&one);
     CPU_SET(main_cpu, &one);
     sched_setaffinity(0, sizeof one, &one);
     int32_t rc = llama_decode(ctx, batch);
-    sched_setaffinity(0, sizeof shardd_allowed, &shardd_allowed);
+    sched_setaffinity(0, sizeof saved, &saved);
     return rc;
 }
 
