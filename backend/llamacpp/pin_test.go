@@ -100,3 +100,61 @@ func TestPinThreads(t *testing.T) {
 		b.Close()
 	}
 }
+
+// TestConfineThreads: after ConfineThreads(MainCPU) every thread runs on
+// the forward's CPU except the pinned pool worker, a thread made afterwards
+// starts there too, and forwards still work.
+func TestConfineThreads(t *testing.T) {
+	var all unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &all); err != nil {
+		t.Fatal(err)
+	}
+	if all.Count() < 2 {
+		t.Skip("needs two CPUs")
+	}
+	model, _ := tinyShards(t)
+	b, err := Open(Config{Path: model, Threads: 2, MaxSeqs: 2, CtxTokens: 64, MaxBatch: 4, PinThreads: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	defer func() { // give the rest of the test binary its CPUs back
+		tasks, _ := filepath.Glob("/proc/self/task/*")
+		for _, p := range tasks {
+			if tid, err := strconv.Atoi(filepath.Base(p)); err == nil {
+				unix.SchedSetaffinity(tid, &all)
+			}
+		}
+	}()
+	main := b.MainCPU()
+	if _, err := ConfineThreads(-1); err == nil {
+		t.Fatal("confined to no CPU")
+	}
+	moved, err := ConfineThreads(main)
+	if err != nil || moved == 0 {
+		t.Fatalf("moved %d threads: %v", moved, err)
+	}
+	// A thread made now: a goroutine locked to a fresh OS thread.
+	fresh := make(chan string)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		var cur unix.CPUSet
+		unix.SchedGetaffinity(0, &cur)
+		fresh <- strconv.Itoa(cur.Count())
+	}()
+	if n := <-fresh; n != "1" {
+		t.Fatalf("a new thread may run on %s CPUs, want 1", n)
+	}
+	others := 0
+	for _, cpus := range threadCPUs(t) {
+		if cpus != strconv.Itoa(main) {
+			others++
+		}
+	}
+	if others != 1 { // the pool's worker, pinned to another CPU
+		t.Fatalf("%d threads not on CPU %d, want only the pool's worker", others, main)
+	}
+	if err := backend.Probe(b); err != nil {
+		t.Fatal(err)
+	}
+}
