@@ -43,15 +43,14 @@ func routePoll() int {
 // or off with SHARDD_BENCH_PIN=off.
 func routePin() bool { return os.Getenv("SHARDD_BENCH_PIN") != "off" && llamacpp.PinAuto(routeThreads) }
 
-// confine does what shardd serve --confine-runtime does after opening a
-// pinned backend, when SHARDD_BENCH_CONFINE=on (serve's default is off): the
+// confine does what shardd serve does after opening a pinned backend: the
 // runtime's threads join the forward's calling thread on its CPU (every
-// backend here pins alike, so any of them names that CPU). The benchmark
-// gives every thread the process's CPUs back when it ends, so the
-// benchmarks after it in this process are not confined.
+// backend here pins alike, so any of them names that CPU).
+// The benchmark gives every thread the process's CPUs back when it ends, so
+// the benchmarks after it in this process are not confined.
 func confine(b *testing.B, be backend.Backend) {
 	lb, ok := be.(*llamacpp.Backend)
-	if !ok || !lb.Pinned() || os.Getenv("SHARDD_BENCH_CONFINE") != "on" {
+	if !ok || !lb.Pinned() {
 		return
 	}
 	var all unix.CPUSet

@@ -211,11 +211,7 @@ func (b *Backend) MainCPU() int { return int(b.mainCPU) }
 // Why: between two forwards a decode step crosses several threads (gRPC's
 // reader and writer, the stream, the scheduler); each hand-off to a thread
 // that sleeps on an idle CPU waits for that CPU to wake (15-60 µs on this
-// project's VMs), while a hand-off on the same CPU does not. The price: work
-// that arrives during a forward (other sessions' prefill chunks) now takes
-// its CPU time from the forward's calling thread alone, and ggml's barriers
-// make the whole forward wait for it; under such load the decode tail grows
-// (PERF.md). shardd serve does it only with --confine-runtime.
+// project's VMs), while a hand-off on the same CPU does not.
 func ConfineThreads(cpu int) (int, error) {
 	if cpu < 0 {
 		return 0, errors.New("llamacpp: no CPU to confine threads to")

@@ -55,8 +55,7 @@ func runServe(args []string) error {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	tf := addTelemetryFlags(fs)
 	poll := fs.Int("poll", 0, "llama.cpp threadpool polling after a forward, 0..100: spinning answers the next step sooner but burns the cores; keep 0 where workers share a machine")
-	pin := fs.String("pin-threads", "auto", "pin the forward threads one per CPU: on, off, or auto (on when --threads uses every CPU this process may run on, as with taskset or a cpuset); two compute threads sharing a CPU stall llama.cpp's spinning barriers")
-	confineRuntime := fs.Bool("confine-runtime", false, "with pinned threads, keep the runtime's other threads (network, scheduler) on the CPU of the forward's calling thread: a step's hand-offs then stay on one CPU, which lowers one stream's decode latency, but other sessions' prefill traffic then competes with that forward thread and raises the decode tail under load (PERF.md)")
+	pin := fs.String("pin-threads", "auto", "pin the forward threads one per CPU, with the runtime's other threads on the forward's calling thread's CPU: on, off, or auto (on when --threads uses every CPU this process may run on, as with taskset or a cpuset); two compute threads sharing a CPU stall llama.cpp's spinning barriers")
 	verbose := fs.Bool("verbose", false, "pass llama.cpp's own logs through")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -113,7 +112,7 @@ func runServe(args []string) error {
 		return err
 	}
 	defer be.Close()
-	if *confineRuntime && be.Pinned() {
+	if be.Pinned() {
 		// The runtime's threads join the forward's calling thread on its CPU.
 		if _, err := llamacpp.ConfineThreads(be.MainCPU()); err != nil {
 			log.Warn("could not confine the runtime's threads", "err", err)
