@@ -116,7 +116,6 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer be.Close()
-			confine(b, be)
 			eng := engine.New(engine.Config{MaxSessions: 7, IterationTokens: iterTokens}, be, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			defer eng.Close()
 			lis, _ := net.Listen("tcp", "127.0.0.1:0")

@@ -10,11 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
 	"github.com/meshnet/shardd/backend"
@@ -42,33 +40,6 @@ func routePoll() int {
 // of the route and decode-under-prefill benchmarks,
 // or off with SHARDD_BENCH_PIN=off.
 func routePin() bool { return os.Getenv("SHARDD_BENCH_PIN") != "off" && llamacpp.PinAuto(routeThreads) }
-
-// confine does what shardd serve does after opening a pinned backend: the
-// runtime's threads join the forward's calling thread on its CPU (every
-// backend here pins alike, so any of them names that CPU).
-// The benchmark gives every thread the process's CPUs back when it ends, so
-// the benchmarks after it in this process are not confined.
-func confine(b *testing.B, be backend.Backend) {
-	lb, ok := be.(*llamacpp.Backend)
-	if !ok || !lb.Pinned() {
-		return
-	}
-	var all unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &all); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := llamacpp.ConfineThreads(lb.MainCPU()); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		tasks, _ := os.ReadDir("/proc/self/task")
-		for _, t := range tasks {
-			if tid, err := strconv.Atoi(t.Name()); err == nil {
-				unix.SchedSetaffinity(tid, &all)
-			}
-		}
-	})
-}
 
 // serveShard runs one worker for path on loopback and returns its address.
 func serveShard(b *testing.B, path string) string {
@@ -118,7 +89,6 @@ func BenchmarkRouteDecode(b *testing.B) {
 	defer chain.Close()
 	whole := newTimedChain(b, model)
 	defer whole.Close()
-	confine(b, whole.bes[0])
 
 	var routeDecode time.Duration
 	routeTokens := 0

@@ -32,14 +32,12 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	_ "github.com/ollama/ollama/llama" // compiles and links llama.cpp and ggml
-	"golang.org/x/sys/unix"
 
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/gguf"
@@ -195,49 +193,6 @@ func PinAuto(threads int) bool { return threads == 0 || threads == runtime.NumCP
 // Pinned reports whether the compute threads are pinned (Config.PinThreads,
 // when it applies).
 func (b *Backend) Pinned() bool { return b.mainCPU >= 0 }
-
-// MainCPU is the CPU a pinned forward's calling thread runs on; -1 when the
-// threads are not pinned.
-func (b *Backend) MainCPU() int { return int(b.mainCPU) }
-
-// ConfineThreads moves every thread of this process that may run on more
-// than one CPU to cpu (a pinned backend's MainCPU), so that the Go runtime's
-// threads, which carry a step from the socket to the forward and back, share
-// the CPU of the forward's calling thread and leave the others to the pinned
-// compute threads. Threads made later inherit it from the thread that makes
-// them. Threads allowed on a single CPU (pinned compute threads) are left
-// alone. It returns how many threads it moved.
-//
-// Why: between two forwards a decode step crosses several threads (gRPC's
-// reader and writer, the stream, the scheduler); each hand-off to a thread
-// that sleeps on an idle CPU waits for that CPU to wake (15-60 µs on this
-// project's VMs), while a hand-off on the same CPU does not.
-func ConfineThreads(cpu int) (int, error) {
-	if cpu < 0 {
-		return 0, errors.New("llamacpp: no CPU to confine threads to")
-	}
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		return 0, err
-	}
-	var one unix.CPUSet
-	one.Set(cpu)
-	moved := 0
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
-		if err != nil {
-			continue
-		}
-		var cur unix.CPUSet
-		if unix.SchedGetaffinity(tid, &cur) != nil || cur.Count() <= 1 {
-			continue // exited, or pinned
-		}
-		if err := unix.SchedSetaffinity(tid, &one); err == nil {
-			moved++
-		}
-	}
-	return moved, nil
-}
 
 // Info describes the loaded shard.
 func (b *Backend) Info() backend.Info { return b.info }

@@ -55,7 +55,7 @@ func runServe(args []string) error {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	tf := addTelemetryFlags(fs)
 	poll := fs.Int("poll", 0, "llama.cpp threadpool polling after a forward, 0..100: spinning answers the next step sooner but burns the cores; keep 0 where workers share a machine")
-	pin := fs.String("pin-threads", "auto", "pin the forward threads one per CPU, with the runtime's other threads on the forward's calling thread's CPU: on, off, or auto (on when --threads uses every CPU this process may run on, as with taskset or a cpuset); two compute threads sharing a CPU stall llama.cpp's spinning barriers")
+	pin := fs.String("pin-threads", "auto", "pin the forward threads one per CPU: on, off, or auto (on when --threads uses every CPU this process may run on, as with taskset or a cpuset); two compute threads sharing a CPU stall llama.cpp's spinning barriers")
 	verbose := fs.Bool("verbose", false, "pass llama.cpp's own logs through")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -112,12 +112,6 @@ func runServe(args []string) error {
 		return err
 	}
 	defer be.Close()
-	if be.Pinned() {
-		// The runtime's threads join the forward's calling thread on its CPU.
-		if _, err := llamacpp.ConfineThreads(be.MainCPU()); err != nil {
-			log.Warn("could not confine the runtime's threads", "err", err)
-		}
-	}
 
 	eng := engine.New(engine.Config{
 		MaxSessions: *sessions, SessionTTL: *ttl, MaxQueue: *queue,
