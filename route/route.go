@@ -6,7 +6,10 @@
 // layers from 0 with no gap. Each Generate opens one Session stream per hop,
 // sends the prompt as bounded prefill chunks, passes each hop's output tensor
 // to the next hop unchanged (it is already framed and checksummed), decodes
-// through the DecodeStep fast path and samples at the head.
+// through the DecodeStep fast path and samples at the head. A step's output
+// is used as soon as it arrives; its Ack, which a worker sends after the
+// output, is read at the next exchange on that hop when the granted window
+// allows two un-acked steps, and at the end of the generation.
 //
 // Failures: a transport error on a hop reopens that hop's stream and resends
 // the same step with the same idempotency step (a worker that had applied it
