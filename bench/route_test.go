@@ -36,9 +36,9 @@ func routePoll() int {
 	return p
 }
 
-// routePin is shardd serve's default (--pin-threads auto) for every set-up
-// of the route and decode-under-prefill benchmarks,
-// or off with SHARDD_BENCH_PIN=off.
+// routePin is shardd serve's default (--pin-threads auto), for every set-up
+// of the route and decode-under-prefill benchmarks; SHARDD_BENCH_PIN=off
+// turns it off.
 func routePin() bool { return os.Getenv("SHARDD_BENCH_PIN") != "off" && llamacpp.PinAuto(routeThreads) }
 
 // serveShard runs one worker for path on loopback and returns its address.

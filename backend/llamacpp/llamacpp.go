@@ -69,9 +69,10 @@ type Config struct {
 	// which runs other goroutines in between) for the forward's length.
 	// ggml's threads wait for each other at spinning barriers many times per
 	// forward; when the scheduler puts two of them on one CPU, each barrier
-	// waits out a time slice. Ignored when Threads exceeds the CPUs this
-	// process may use. Pin only one backend per process: pinned backends
-	// share CPUs 0..Threads-1.
+	// waits out a time slice. Ignored when Threads is 1 (no barrier) or
+	// exceeds the CPUs this process may use. Backends pinned in one process
+	// all take the same CPUs (the first Threads allowed ones): run their
+	// forwards one at a time.
 	PinThreads bool
 	// Verbose passes llama.cpp's info logs through.
 	Verbose bool

@@ -116,9 +116,9 @@ struct ggml_threadpool *shardd_attach_threadpool(struct llama_context *ctx, int3
     if (pin) {
         pthread_once(&shardd_allowed_once, shardd_read_allowed);
     }
-    // One CPU per thread, or no pinning: two compute threads on one CPU make
-    // ggml's spinning barriers wait out whole time slices.
-    // A single thread has no barrier to protect.
+    // One CPU per thread, or no pinning (two compute threads on one CPU make
+    // ggml's spinning barriers wait out whole time slices); a single thread
+    // has no barrier to protect.
     pin = pin && shardd_allowed_ok && threads > 1 && threads <= CPU_COUNT(&shardd_allowed);
     cpu_set_t before;
     pin = pin && sched_getaffinity(0, sizeof before, &before) == 0;
