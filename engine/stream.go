@@ -158,6 +158,7 @@ type outMsgs struct {
 	posBytes  []byte
 	ack       shardv1.Ack
 	cache     shardv1.CacheResult
+	spliced   decode.Spliced
 }
 
 func (st *stream) send(out *outMsgs, r reply) error {
@@ -230,7 +231,10 @@ func (st *stream) sendResult(out *outMsgs, r *result, dup bool) error {
 	out.chunk.Envelope, out.chunk.Bundle = env, &out.bundle
 	out.chunkKind.Chunk = &out.chunk
 	out.resp.Kind = &out.chunkKind
-	if err := st.ss.Send(&out.resp); err != nil {
+	// The codec hands gRPC the result buffer's large payloads without
+	// copying them (decode.Spliced).
+	out.spliced = decode.Spliced{Msg: &out.resp, Body: r.body}
+	if err := st.ss.SendMsg(&out.spliced); err != nil {
 		return err
 	}
 	out.cache = shardv1.CacheResult{Mode: r.mode, PastLen: r.pastLen, CacheHit: r.cacheHit}

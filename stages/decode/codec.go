@@ -168,6 +168,8 @@ func (Codec) Name() string { return "proto" }
 // the protobuf runtime.
 func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
 	switch m := v.(type) {
+	case *Spliced:
+		return c.marshalSpliced(m)
 	case vtMessage:
 		size := m.SizeVT()
 		if mem.IsBelowBufferPoolingThreshold(size) {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"testing"
-	"unsafe"
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -41,15 +40,6 @@ func decodeStepWire(t testing.TB, hidden int) ([]byte, []byte) {
 		t.Fatal(err)
 	}
 	return wire, payload
-}
-
-func within(inner, outer []byte) bool {
-	if len(inner) == 0 || len(outer) == 0 {
-		return false
-	}
-	lo := uintptr(unsafe.Pointer(&outer[0]))
-	p := uintptr(unsafe.Pointer(&inner[0]))
-	return p >= lo && p+uintptr(len(inner)) <= lo+uintptr(len(outer))
 }
 
 func TestInboundAliasesSingleBuffer(t *testing.T) {
