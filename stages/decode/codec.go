@@ -15,6 +15,10 @@
 // materialized once into one pooled buffer, which is then aliased the same
 // way. That single copy is the only one between the socket and the backend's
 // batch for an uncompressed tensor.
+//
+// The head reads responses the same way (Response). On the way out, a
+// worker's result chunk is marshaled as a Spliced: its large payloads are
+// handed to gRPC in the result buffer itself rather than copied.
 package decode
 
 import (
