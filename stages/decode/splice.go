@@ -46,7 +46,7 @@ type splicedSizes struct {
 // between them.
 func (c Codec) marshalSpliced(sp *Spliced) (mem.BufferSlice, error) {
 	chunk := sp.Msg.GetChunk()
-	if chunk == nil || sp.Body == nil || !c.worthSplicing(sp) {
+	if chunk == nil || sp.Body == nil || !worthSplicing(sp) {
 		return c.Marshal(sp.Msg)
 	}
 	body := sp.Body.Bytes()
@@ -89,7 +89,7 @@ func (c Codec) marshalSpliced(sp *Spliced) (mem.BufferSlice, error) {
 					seg = append(seg, p...)
 					continue
 				}
-				out = append(out, mem.SliceBuffer(seg[start:]))
+				out = append(out, mem.SliceBuffer(seg[start:len(seg):len(seg)]))
 				start = len(seg)
 				sp.Body.Ref()
 				held := p
@@ -105,7 +105,7 @@ func (c Codec) marshalSpliced(sp *Spliced) (mem.BufferSlice, error) {
 
 // worthSplicing reports whether sp has a payload to splice and nothing the
 // field-by-field encoder would drop (unknown fields).
-func (c Codec) worthSplicing(sp *Spliced) bool {
+func worthSplicing(sp *Spliced) bool {
 	chunk := sp.Msg.GetChunk()
 	if len(sp.Msg.ProtoReflect().GetUnknown()) > 0 || len(chunk.ProtoReflect().GetUnknown()) > 0 ||
 		len(chunk.GetBundle().ProtoReflect().GetUnknown()) > 0 {
@@ -122,9 +122,10 @@ func (c Codec) worthSplicing(sp *Spliced) bool {
 	return false
 }
 
-// spliceable: p is large and lies within body.
+// spliceable: p is large and lies within body. (gRPC never returns a
+// buffer below its pooling threshold, which would keep Body's reference.)
 func spliceable(p, body []byte) bool {
-	return len(p) >= MinSplice && within(p, body)
+	return len(p) >= MinSplice && !mem.IsBelowBufferPoolingThreshold(len(p)) && within(p, body)
 }
 
 // within reports whether inner's bytes lie inside outer's.
