@@ -21,7 +21,10 @@ const MinSplice = 16 << 10
 // Body until gRPC has written them, instead of copying every byte into a
 // marshal buffer: for a last hop that is 4 x vocab bytes per token. The wire
 // bytes are the same as the message's MarshalVT. Payloads outside Body (a
-// compressed frame) and small ones are copied as usual.
+// compressed frame) and small ones are copied as usual. Marshal sets a
+// tensor's fragments and a fragment's payload aside while it encodes their
+// other fields and puts them back: nothing may read Msg meanwhile (the
+// worker's send goroutine owns it).
 type Spliced struct {
 	Msg  *shardv1.SessionResponse
 	Body *bufpool.Buffer
