@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -26,13 +27,41 @@ import (
 	"github.com/meshnet/shardd/stages/frameout"
 )
 
-// benchModel is the bench preset, cached between runs.
+// benchModelDir caches the generated bench preset and the shards split
+// from it between runs.
+var benchModelDir = filepath.Join(os.TempDir(), "shardd-bench-models")
+
+// benchModel is the bench preset, cached between runs, or the GGUF that
+// SHARDD_BENCH_MODEL names: the route and decode-under-prefill figures for a
+// model of another size (shardd gen-model takes any dimensions).
 func benchModel(b *testing.B) string {
-	p, err := gguf.CachedPreset(filepath.Join(os.TempDir(), "shardd-bench-models"), "bench")
+	if p := os.Getenv("SHARDD_BENCH_MODEL"); p != "" {
+		return p
+	}
+	p, err := gguf.CachedPreset(benchModelDir, "bench")
 	if err != nil {
 		b.Fatal(err)
 	}
 	return p
+}
+
+// benchShardDir is where model's shards are cached: the bench preset's
+// beside it, any other model's in a folder of its own keyed by its path, size
+// and modification time, so two models of one file name never share shards.
+func benchShardDir(b *testing.B, model string) string {
+	if os.Getenv("SHARDD_BENCH_MODEL") == "" {
+		return benchModelDir
+	}
+	abs, err := filepath.Abs(model)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s|%d|%d", abs, fi.Size(), fi.ModTime().UnixNano()))
+	return filepath.Join(benchModelDir, fmt.Sprintf("shards-%x", sum[:6]))
 }
 
 // headSession is a minimal head on one stream, sending token ids.
