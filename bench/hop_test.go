@@ -101,6 +101,13 @@ func processCPU() int64 {
 	return ru.Utime.Nano() + ru.Stime.Nano()
 }
 
+// processFaults is the process's page faults so far (minor and major).
+func processFaults() int64 {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return ru.Minflt + ru.Majflt
+}
+
 func percentile(d []time.Duration, p float64) float64 {
 	s := slices.Clone(d)
 	slices.Sort(s)

@@ -104,10 +104,10 @@ func BenchmarkRouteDecode(b *testing.B) {
 	var routeDecode time.Duration
 	routeTokens := 0
 	hops := make([]route.HopStats, 2)
-	var routeCPU int64
+	var routeCPU, routeFaults int64
 	var routeGaps []time.Duration // between consecutive decoded tokens
 	for b.Loop() {
-		cpu0 := processCPU()
+		cpu0, faults0 := processCPU(), processFaults()
 		var last time.Time
 		st, err := r.Generate(context.Background(), route.Request{Prompt: prompt, MaxTokens: n}, func(int32) error {
 			now := time.Now()
@@ -121,6 +121,7 @@ func BenchmarkRouteDecode(b *testing.B) {
 			b.Fatal(err)
 		}
 		routeCPU += processCPU() - cpu0
+		routeFaults += processFaults() - faults0
 		routeDecode += st.Decode
 		routeTokens += st.Tokens - 1
 		for i, h := range st.Hops {
@@ -157,6 +158,11 @@ func BenchmarkRouteDecode(b *testing.B) {
 	// all threads: what the wire and the engine add to the forward's work.
 	gens := float64(b.N * n)
 	b.ReportMetric(float64(routeCPU)/gens/1e3, "route-cpu-us/tok")
+	// Page faults per generated token: a fresh buffer costs one per 4 KiB
+	// page, so steady decoding that reuses its buffers stays near zero.
+	b.ReportMetric(float64(routeFaults)/gens, "route-faults/tok")
+	b.ReportMetric(float64(chain.faults)/gens, "chain-faults/tok")
+	b.ReportMetric(float64(whole.faults)/gens, "unsplit-faults/tok")
 	b.ReportMetric(float64(chain.cpu)/gens/1e3, "chain-cpu-us/tok")
 	b.ReportMetric(float64(whole.cpu)/gens/1e3, "unsplit-cpu-us/tok")
 	// Per call, prompt included: each worker's own execution time and what
@@ -179,6 +185,7 @@ type timedChain struct {
 	decode time.Duration
 	tokens int
 	cpu    int64 // process CPU time spent in generate, ns
+	faults int64 // process page faults during generate
 	gaps   []time.Duration
 	logits []float32 // the last step's
 	pos    int       // the next token's position
@@ -215,8 +222,8 @@ func newTimedChain(b *testing.B, paths ...string) *timedChain {
 // generate runs one greedy generation of n tokens after prompt, timing the
 // tokens after the first as the route client does.
 func (c *timedChain) generate(b *testing.B, prompt []int32, n int) {
-	cpu0 := processCPU()
-	defer func() { c.cpu += processCPU() - cpu0 }()
+	cpu0, faults0 := processCPU(), processFaults()
+	defer func() { c.cpu, c.faults = c.cpu+processCPU()-cpu0, c.faults+processFaults()-faults0 }()
 	c.begin(b, prompt)
 	for range n - 1 {
 		d := c.step(b)
