@@ -62,32 +62,6 @@ func serveShard(b *testing.B, path string) string {
 	return lis.Addr().String()
 }
 
-// routePrompt is the route benchmarks' prompt.
-var routePrompt = []int32{1, 17, 42, 7, 99, 3, 250, 11}
-
-// routeSetups builds the three set-ups the route benchmarks compare: a
-// 2-shard route over two workers in this process on loopback TCP, the same
-// two shards chained in one goroutine with no wire, and the unsplit model,
-// all with routeThreads threads.
-func routeSetups(b *testing.B) (*route.Route, *timedChain, *timedChain) {
-	model := benchModel(b)
-	shards, err := gguf.CachedSplit(model, 2, benchShardDir(b, model))
-	if err != nil {
-		b.Fatal(err)
-	}
-	addrs := []string{serveShard(b, shards[0]), serveShard(b, shards[1])}
-	r, err := route.Dial(context.Background(), addrs, route.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { r.Close() })
-	chain := newTimedChain(b, shards...)
-	b.Cleanup(func() { chain.Close() })
-	whole := newTimedChain(b, model)
-	b.Cleanup(func() { whole.Close() })
-	return r, chain, whole
-}
-
 // BenchmarkRouteDecode: decode tokens/s of a greedy generation through a
 // 2-shard loopback route (two workers in this process on loopback TCP, 2
 // threads each), through the same two shards chained in this goroutine with
@@ -97,13 +71,27 @@ func routeSetups(b *testing.B) (*route.Route, *timedChain, *timedChain) {
 // turn, so drift on this shared machine hits all three alike; the ratios are
 // reported directly. Target: route >= 0.95x unsplit.
 func BenchmarkRouteDecode(b *testing.B) {
-	r, chain, whole := routeSetups(b)
-	prompt := routePrompt
+	model := benchModel(b)
+	prompt := []int32{1, 17, 42, 7, 99, 3, 250, 11}
 	const n = 32
+	shards, err := gguf.CachedSplit(model, 2, benchShardDir(b, model))
+	if err != nil {
+		b.Fatal(err)
+	}
+	addrs := []string{serveShard(b, shards[0]), serveShard(b, shards[1])}
+	r, err := route.Dial(context.Background(), addrs, route.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	chain := newTimedChain(b, shards...)
+	defer chain.Close()
+	whole := newTimedChain(b, model)
+	defer whole.Close()
 
 	var routeDecode time.Duration
 	routeTokens := 0
-	hops := make([]route.HopStats, 2)
+	hops := make([]route.HopStats, len(addrs))
 	var routeCPU, routeFaults int64
 	var routeGaps []time.Duration // between consecutive decoded tokens
 	for b.Loop() {
@@ -187,8 +175,6 @@ type timedChain struct {
 	cpu    int64 // process CPU time spent in generate, ns
 	faults int64 // process page faults during generate
 	gaps   []time.Duration
-	logits []float32 // the last step's
-	pos    int       // the next token's position
 }
 
 // median returns the middle value of d (sorting d).
@@ -224,17 +210,6 @@ func newTimedChain(b *testing.B, paths ...string) *timedChain {
 func (c *timedChain) generate(b *testing.B, prompt []int32, n int) {
 	cpu0, faults0 := processCPU(), processFaults()
 	defer func() { c.cpu, c.faults = c.cpu+processCPU()-cpu0, c.faults+processFaults()-faults0 }()
-	c.begin(b, prompt)
-	for range n - 1 {
-		d := c.step(b)
-		c.gaps = append(c.gaps, d)
-		c.decode += d
-		c.tokens++
-	}
-}
-
-// begin starts a generation: it clears the sequence and runs the prompt.
-func (c *timedChain) begin(b *testing.B, prompt []int32) {
 	for _, be := range c.bes {
 		be.SeqTrim(0, 0)
 	}
@@ -242,24 +217,25 @@ func (c *timedChain) begin(b *testing.B, prompt []int32) {
 	for i, t := range prompt {
 		rows[i] = verify.Row{Pos: i, Token: t, Output: i == len(prompt)-1}
 	}
-	var err error
-	if c.logits, err = c.Forward(rows); err != nil {
+	logits, err := c.Forward(rows)
+	if err != nil {
 		b.Fatal(err)
 	}
-	c.pos = len(prompt)
-}
-
-// step decodes one token greedily (argmax of the last logits, then the
-// forward) and returns how long that took.
-func (c *timedChain) step(b *testing.B) time.Duration {
 	t0 := time.Now()
-	tok := argmax.Index(c.logits)
-	var err error
-	if c.logits, err = c.Forward([]verify.Row{{Pos: c.pos, Token: tok, Output: true}}); err != nil {
-		b.Fatal(err)
+	pos := len(prompt)
+	last := t0
+	for range n - 1 {
+		tok := argmax.Index(logits)
+		if logits, err = c.Forward([]verify.Row{{Pos: pos, Token: tok, Output: true}}); err != nil {
+			b.Fatal(err)
+		}
+		pos++
+		now := time.Now()
+		c.gaps = append(c.gaps, now.Sub(last))
+		last = now
 	}
-	c.pos++
-	return time.Since(t0)
+	c.decode += time.Since(t0)
+	c.tokens += n - 1
 }
 
 func (c *timedChain) rate() float64 { return float64(c.tokens) / c.decode.Seconds() }
