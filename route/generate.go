@@ -57,6 +57,8 @@ type Stats struct {
 	Recoveries     int // full re-prefills after a CACHE_MISS
 	DuplicateAcks  int
 	RefusedDetails []string
+	// Vocab is the width of the logits the last hop returned.
+	Vocab int
 }
 
 // hopStream is one generation's Session stream to one hop.
@@ -79,6 +81,13 @@ type hopStream struct {
 	// lazyAck: the granted window allows a second un-acked step, so Acks
 	// may be read late.
 	lazyAck bool
+	// last is the latest step whose output arrived, for Options.Observe:
+	// its wall time waits here for its Ack's execution time.
+	last struct {
+		step   uint64
+		decode bool
+		wall   time.Duration
+	}
 }
 
 // recycle releases the last exchange's responses.
@@ -238,7 +247,8 @@ func (g *gen) open(i int) error {
 	a := resp.GetAccepted()
 	if a == nil {
 		cancel()
-		return fmt.Errorf("%w: %s refused the session: %s", ErrRefused, h.Addr, resp.GetStatus().GetError().GetDetail())
+		e := resp.GetStatus().GetError()
+		return &RefusedError{Addr: h.Addr, Code: e.GetCode(), Detail: "session refused: " + e.GetDetail()}
 	}
 	fc := a.FlowControl
 	g.streams[i] = &hopStream{hop: h, stream: stream, cancel: cancel, limits: fc,
@@ -368,8 +378,12 @@ func (g *gen) call(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTensor, 
 			}
 			continue
 		}
+		wall := time.Since(t0)
 		hs.Calls++
-		hs.Wall += time.Since(t0)
+		hs.Wall += wall
+		last := &g.streams[i].last
+		last.step, last.wall = g.step, wall
+		last.decode = req.GetDecode() != nil || req.GetChunk().GetEnvelope().GetPhase() == shardv1.Phase_PHASE_DECODE
 		if ack == nil && st == nil {
 			// The output came first; its Ack is read at the next exchange.
 			return chunk.GetBundle().GetTensors(), nil
@@ -379,7 +393,7 @@ func (g *gen) call(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTensor, 
 				return nil, errCacheMiss
 			}
 			g.stats.RefusedDetails = append(g.stats.RefusedDetails, st.GetError().GetDetail())
-			return nil, fmt.Errorf("%w: %s: %s: %s", ErrRefused, g.streams[i].hop.Addr, st.GetError().GetCode(), st.GetError().GetDetail())
+			return nil, &RefusedError{Addr: g.streams[i].hop.Addr, Code: st.GetError().GetCode(), Detail: st.GetError().GetDetail()}
 		}
 		g.countAck(i, ack)
 		if chunk == nil {
@@ -397,6 +411,12 @@ func (g *gen) countAck(i int, ack *shardv1.Ack) {
 	g.stats.Hops[i].Exec += time.Duration(ack.ExecutionNanos)
 	if ack.Duplicate {
 		g.stats.DuplicateAcks++
+		return
+	}
+	if obs := g.r.opts.Observe; obs != nil {
+		if last := g.streams[i].last; last.step == ack.IdempotencyStep {
+			obs(StepSample{Hop: i, Decode: last.decode, Wall: last.wall, Exec: time.Duration(ack.ExecutionNanos)})
+		}
 	}
 }
 
@@ -477,6 +497,7 @@ func (g *gen) decodeLogits(nt *shardv1.NamedTensor) ([]float32, error) {
 		return nil, fmt.Errorf("%w: logits shape %v", ErrRoute, shape)
 	}
 	vocab := int(shape[1])
+	g.stats.Vocab = vocab
 	g.logits = dtype.AppendF32FromBytes(g.logits[:0], body[len(body)-4*vocab:])
 	return g.logits, nil
 }

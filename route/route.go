@@ -52,6 +52,19 @@ type Options struct {
 	// one trace through every hop: a client span per hop stream, whose W3C
 	// trace context travels in the stream's metadata.
 	TracerProvider trace.TracerProvider
+	// Observe, when set, is told of every step a hop acknowledged (not
+	// duplicates): wall is the head's time from sending the step to its
+	// output (or Ack), exec the worker's execution_nanos. It is called on
+	// the generation's goroutine, from many generations at once, and must
+	// not block.
+	Observe func(StepSample)
+}
+
+// StepSample is one acknowledged step on one hop.
+type StepSample struct {
+	Hop        int
+	Decode     bool // a decode step (else a prefill chunk)
+	Wall, Exec time.Duration
 }
 
 // Hop is one worker of the route.
@@ -74,6 +87,20 @@ var (
 	ErrRefused   = errors.New("route: a worker refused the work")
 	errCacheMiss = errors.New("route: cache miss")
 )
+
+// RefusedError is a worker's structured refusal of a unit of work (its
+// ShardStatus error). It matches ErrRefused with errors.Is.
+type RefusedError struct {
+	Addr   string
+	Code   shardv1.ErrorCode
+	Detail string
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("%v: %s: %s: %s", ErrRefused, e.Addr, e.Code, e.Detail)
+}
+
+func (e *RefusedError) Unwrap() error { return ErrRefused }
 
 // Dial connects to every hop and checks that they form a route.
 func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {

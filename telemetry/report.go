@@ -50,20 +50,14 @@ func (d dist) pct(p float64) time.Duration {
 	return s[min(len(s)-1, int(p*float64(len(s))))]
 }
 
-// Report prints per-hop, per-stage p50/p99 and ranks the hops: which hop is
-// slow, and in which stage.
-func Report(w io.Writer, spans []SpanRecord) {
-	byHop := map[string]map[string]dist{}
-	traces := map[string]bool{}
-	var gens dist
+// StageDurations groups the durations of the workers' stage spans (and
+// their whole steps, "shardd.step") by instance and stage. Spans that start
+// before from or end after to are left out; zero times mean no bound.
+func StageDurations(spans []SpanRecord, from, to time.Time) map[string]map[string][]time.Duration {
+	byHop := map[string]map[string][]time.Duration{}
 	for _, s := range spans {
-		d := time.Duration(s.End - s.Start)
-		traces[s.TraceID] = true
-		if s.Name == "shardd.generate" {
-			gens = append(gens, d)
-			continue
-		}
-		if !slices.Contains(StageOrder, s.Name) {
+		if !slices.Contains(StageOrder, s.Name) ||
+			(!from.IsZero() && s.Start < from.UnixNano()) || (!to.IsZero() && s.End > to.UnixNano()) {
 			continue
 		}
 		hop := s.Instance
@@ -71,9 +65,30 @@ func Report(w io.Writer, spans []SpanRecord) {
 			hop = "(unnamed)"
 		}
 		if byHop[hop] == nil {
-			byHop[hop] = map[string]dist{}
+			byHop[hop] = map[string][]time.Duration{}
 		}
-		byHop[hop][s.Name] = append(byHop[hop][s.Name], d)
+		byHop[hop][s.Name] = append(byHop[hop][s.Name], time.Duration(s.End-s.Start))
+	}
+	return byHop
+}
+
+// Report prints per-hop, per-stage p50/p99 and ranks the hops: which hop is
+// slow, and in which stage.
+func Report(w io.Writer, spans []SpanRecord) {
+	byHop := map[string]map[string]dist{}
+	for hop, stages := range StageDurations(spans, time.Time{}, time.Time{}) {
+		byHop[hop] = map[string]dist{}
+		for st, d := range stages {
+			byHop[hop][st] = d
+		}
+	}
+	traces := map[string]bool{}
+	var gens dist
+	for _, s := range spans {
+		traces[s.TraceID] = true
+		if s.Name == "shardd.generate" {
+			gens = append(gens, time.Duration(s.End-s.Start))
+		}
 	}
 	fmt.Fprintf(w, "%d spans in %d traces", len(spans), len(traces))
 	if len(gens) > 0 {

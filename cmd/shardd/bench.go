@@ -1,0 +1,455 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/load"
+	"github.com/meshnet/shardd/route"
+)
+
+func init() {
+	register(command{name: "bench", summary: "put a load on a route and report latency, throughput and a budget verdict", run: runBench})
+}
+
+// listFlag is a repeatable flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, " ") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+const benchHelp = `Loads a route the way operators run it and reports TTFT, inter-token latency (ITL), time per
+output token (TPOT) and end-to-end latency (p50/p90/p99/max, HdrHistogram), output tokens/s,
+requests/s, goodput under --slo, per-hop execution and wire time, per-stage latency from worker
+spans, errors by ErrorCode, and the harness's own CPU time per token.
+
+Target: an existing route (--route A,B,...), or a route it starts from a model (--model FILE with
+--shards N or --ranges 0:8,8:12): one 'shardd serve' per shard on 127.0.0.1, each with its
+--threads and --worker-cpus, stopped afterwards (also on Ctrl-C). --unsplit adds the whole model
+in one worker as a baseline, run in interleaved rounds (--rounds) with the same requests.
+
+Budget (--budget FILE, .yaml or .toml; nested keys flatten with dots): limits on
+  ttft|itl|tpot|e2e.STAT           e.g. itl.p99: 25ms
+  hop[I].exec|wire|prefill_exec.STAT  decode steps on hop I (from 0), e.g. hop[1].wire.p99: 1ms
+  stage.NAME.STAT, hop[I].stage.NAME.STAT  worker span stages (decode, reassemble, checksum,
+                                   decompress, queue, forward, frameout, step); needs --stages
+                                   or --span-files
+  goodput, tokens_per_s, requests_per_s   (lower bounds)   error_rate, harness_cpu_per_token_us
+STAT is p50, p90, p99, max or mean. Exit status 1 when any limit fails on any run of the first
+target, with a table of each failing limit and by how much.
+
+Links (--link HOP=COND,..., repeatable; HOP from 0 or 'all'): a toxiproxy proxy on loopback in
+front of that hop's worker, on the first target only: latency:DUR (each way), jitter:DUR,
+bandwidth:RATE (1gbit, 100mbit, 10mbyte...), reset:EVERY (connections reset), stall:FOR/EVERY.`
+
+func runBench(args []string) error {
+	fs := newFlags("bench", "(--route A,B,... | --model FILE (--shards N | --ranges R)) [flags]", benchHelp)
+	routeFlag := fs.String("route", "", "existing route: worker addresses in layer order")
+	model := fs.String("model", "", "whole-model GGUF: the harness splits it and starts the workers")
+	shards := fs.Int("shards", 0, "with --model: split into N shards of equal layer counts")
+	ranges := fs.String("ranges", "", "with --model: layer ranges, e.g. 0:8,8:12")
+	threads := fs.String("threads", "1", "with --model: forward threads per worker, one value or one per worker (1,1)")
+	workerCPUs := fs.String("worker-cpus", "", "with --model: CPU set per worker, ';' between workers (0;1 or 0-1;2-3); empty: no pinning")
+	unsplit := fs.Bool("unsplit", false, "with --model: also run the whole model in one worker, as the baseline")
+	unsplitThreads := fs.Int("unsplit-threads", 1, "threads of the --unsplit worker")
+	unsplitCPUs := fs.String("unsplit-cpus", "", "CPU set of the --unsplit worker (0 or 0-1)")
+	serveArgs := fs.String("serve-args", "", "further flags for every 'shardd serve' the harness starts (space-separated)")
+	stages := fs.Bool("stages", false, "with --model: workers write spans, and the report has per-stage latency")
+	spanFiles := fs.String("span-files", "", "with --route: span files the workers write (serve --traces file:PATH, --instance = the address given in --route), for per-stage latency")
+
+	concurrency := fs.Int("concurrency", 4, "closed loop: requests in flight")
+	rate := fs.Float64("rate", 0, "open loop: Poisson arrivals per second (overrides --concurrency)")
+	requests := fs.Int("requests", 0, "measured requests per run (default 40 when --duration is not set)")
+	duration := fs.Duration("duration", 0, "measured time per run (arrivals stop, requests in flight finish)")
+	warmup := fs.Int("warmup", -1, "requests run first and not counted (-1: as many as the concurrency)")
+	promptLen := fs.String("prompt-len", "128", "prompt tokens: N or MIN-MAX (uniform)")
+	outputLen := fs.String("output-len", "64", "output tokens: N or MIN-MAX (uniform)")
+	lengthFile := fs.String("lengths", "", "file of 'PROMPT OUTPUT' pairs, one a line; requests draw from it")
+	temperature := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
+	topK := fs.Int("top-k", 0, "sampling top-k (0: all)")
+	topP := fs.Float64("top-p", 0, "sampling top-p (0: off)")
+	seed := fs.Uint64("seed", 1, "seed of lengths, prompts, arrivals and sampling: runs repeat")
+	sweep := fs.String("sweep", "", "sweep the load: concurrency=1,2,4,8 or rate=1,2,4")
+	rounds := fs.Int("rounds", 1, "rounds of every target and level, interleaved; the report gives medians")
+	sloFlag := fs.String("slo", "", "per-request SLO for goodput: ttft=300ms,itl=25ms,tpot=20ms,e2e=5s")
+	budgetFile := fs.String("budget", "", "budget file (.yaml or .toml): exit 1 when a limit fails")
+	var links listFlag
+	fs.Var(&links, "link", "network condition of a hop, HOP=latency:5ms,jitter:1ms,bandwidth:1gbit (repeatable)")
+	jsonOut := fs.String("json", "", "write the report as JSON (schema "+load.Schema+")")
+	htmlOut := fs.String("html", "", "write the report as one self-contained HTML page with plots")
+	stepTimeout := fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker")
+	quiet := fs.Bool("quiet", false, "no live progress line")
+	workDir := fs.String("work-dir", "", "where worker logs and spans go (default: a temporary folder, removed afterwards)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+
+	// Everything the run needs is checked before a worker starts.
+	w := load.Workload{Concurrency: *concurrency, Rate: *rate, Requests: *requests, Duration: *duration, Seed: *seed,
+		Sampling: route.Sampling{Temperature: *temperature, TopK: *topK, TopP: *topP, Seed: *seed}}
+	if w.Requests == 0 && w.Duration == 0 {
+		w.Requests = 40
+	}
+	var err error
+	if *lengthFile != "" {
+		if w.Lengths.Pairs, err = load.ReadLengthFile(*lengthFile); err != nil {
+			return err
+		}
+	} else {
+		if w.Lengths.Prompt, err = load.ParseRange(*promptLen); err != nil {
+			return err
+		}
+		if w.Lengths.Output, err = load.ParseRange(*outputLen); err != nil {
+			return err
+		}
+	}
+	if w.SLO, err = load.ParseSLO(*sloFlag); err != nil {
+		return err
+	}
+	var budget load.Budget
+	if *budgetFile != "" {
+		if budget, err = load.ReadBudget(*budgetFile); err != nil {
+			return err
+		}
+	}
+	sweepParam, levels, err := parseSweep(*sweep, w)
+	if err != nil {
+		return err
+	}
+	if *rounds < 1 {
+		return fmt.Errorf("--rounds must be at least 1")
+	}
+	if (*routeFlag == "") == (*model == "") {
+		fs.Usage()
+		return fmt.Errorf("give --route or --model, not both")
+	}
+	if *routeFlag != "" && (*unsplit || *shards > 0 || *ranges != "" || *stages) {
+		return fmt.Errorf("--unsplit, --shards, --ranges and --stages need --model (the harness starts those workers)")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	dir := *workDir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "shardd-bench-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+
+	rep := &load.Report{Schema: load.Schema, Started: time.Now(), Command: "shardd bench " + strings.Join(args, " ")}
+	var targets []load.Target
+	if *routeFlag != "" {
+		addrs := splitList(*routeFlag)
+		t := load.Target{Name: "route", Addrs: addrs, Workers: addrs}
+		if *spanFiles != "" {
+			t.SpanFiles, t.SpanFlush = splitList(*spanFiles), 6*time.Second
+		}
+		targets = append(targets, t)
+		rep.Targets = append(rep.Targets, load.TargetInfo{Name: t.Name, Workers: addrs})
+	} else {
+		spawned, infos, closeAll, err := startTargets(ctx, *model, *shards, *ranges, *threads, *workerCPUs, *unsplit,
+			*unsplitThreads, *unsplitCPUs, *serveArgs, *stages, dir, w, levels, sweepParam)
+		defer closeAll()
+		if err != nil {
+			return err
+		}
+		targets, rep.Targets = spawned, infos
+	}
+	hopLinks, err := load.ParseLinks(links, len(targets[0].Addrs))
+	if err != nil {
+		return err
+	}
+	addrs, proxies, err := load.StartLinks(targets[0].Addrs, hopLinks)
+	if err != nil {
+		return err
+	}
+	defer proxies.Close()
+	targets[0].Addrs = addrs
+	for _, l := range links {
+		rep.Targets[0].Links = append(rep.Targets[0].Links, l)
+	}
+
+	rep.Workload = workloadInfo(w, levels, sweepParam, *rounds, *warmup)
+	opts := load.RunOptions{Route: route.Options{StepTimeout: *stepTimeout}}
+	if !*quiet {
+		opts.Progress = os.Stderr
+	}
+	for round := 1; round <= *rounds; round++ {
+		for _, lvl := range levels {
+			lw := w
+			if sweepParam == "rate" {
+				lw.Rate = lvl
+			} else if w.Rate == 0 {
+				lw.Concurrency = int(lvl)
+			}
+			lw.Warmup = *warmup
+			if lw.Warmup < 0 {
+				lw.Warmup = max(lw.Concurrency, 1)
+			}
+			for _, t := range targets {
+				opts.Label = runLabel(t.Name, lw, round, *rounds)
+				s, err := load.Run(ctx, t, lw, opts)
+				if err != nil {
+					return err
+				}
+				s.Round = round
+				rep.Runs = append(rep.Runs, s)
+			}
+		}
+	}
+	rep.Finish(budget, sweepParam)
+	fmt.Println()
+	rep.WriteText(os.Stdout)
+	if *jsonOut != "" {
+		if err := rep.WriteJSON(*jsonOut); err != nil {
+			return err
+		}
+		fmt.Printf("wrote %s\n", *jsonOut)
+	}
+	if *htmlOut != "" {
+		if err := rep.WriteHTML(*htmlOut); err != nil {
+			return err
+		}
+		fmt.Printf("wrote %s\n", *htmlOut)
+	}
+	if !rep.BudgetPass {
+		return errBudget
+	}
+	return nil
+}
+
+var errBudget = errors.New("the budget failed (see the table above)")
+
+func runLabel(target string, w load.Workload, round, rounds int) string {
+	l := target
+	if w.Rate > 0 {
+		l += fmt.Sprintf(" rate=%g", w.Rate)
+	} else {
+		l += fmt.Sprintf(" c=%d", w.Concurrency)
+	}
+	if rounds > 1 {
+		l += fmt.Sprintf(" r%d", round)
+	}
+	return l
+}
+
+// parseSweep reads --sweep; without one the single level is the workload's.
+func parseSweep(s string, w load.Workload) (string, []float64, error) {
+	if s == "" {
+		if w.Rate > 0 {
+			return "", []float64{w.Rate}, nil
+		}
+		return "", []float64{float64(w.Concurrency)}, nil
+	}
+	param, list, ok := strings.Cut(s, "=")
+	if !ok || (param != "concurrency" && param != "rate") {
+		return "", nil, fmt.Errorf("--sweep: want concurrency=1,2,4 or rate=1,2,4")
+	}
+	if param == "concurrency" && w.Rate > 0 {
+		return "", nil, fmt.Errorf("--sweep concurrency= is a closed loop; drop --rate")
+	}
+	var levels []float64
+	for _, v := range splitList(list) {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f <= 0 || (param == "concurrency" && f != float64(int(f))) {
+			return "", nil, fmt.Errorf("--sweep: bad level %q", v)
+		}
+		levels = append(levels, f)
+	}
+	if len(levels) == 0 {
+		return "", nil, fmt.Errorf("--sweep: no levels")
+	}
+	return param, levels, nil
+}
+
+func workloadInfo(w load.Workload, levels []float64, sweepParam string, rounds, warmup int) load.WorkloadInfo {
+	wi := load.WorkloadInfo{Mode: "closed", Rate: w.Rate, Requests: w.Requests, DurationS: w.Duration.Seconds(), Warmup: warmup,
+		PromptLen: w.Lengths.Prompt, OutputLen: w.Lengths.Output, LengthPairs: len(w.Lengths.Pairs),
+		Temperature: w.Sampling.Temperature, TopK: w.Sampling.TopK, TopP: w.Sampling.TopP, Seed: w.Seed, Rounds: rounds, SLO: w.SLO.String()}
+	if w.Rate > 0 || sweepParam == "rate" {
+		wi.Mode = "open"
+	}
+	if wi.Mode == "closed" {
+		for _, l := range levels {
+			wi.Concurrency = append(wi.Concurrency, int(l))
+		}
+	}
+	return wi
+}
+
+// startTargets splits the model, starts the route's workers (and the
+// unsplit baseline's) and returns the targets; closeAll stops every
+// process it started, also after an error.
+func startTargets(ctx context.Context, model string, shards int, rangesFlag, threadsFlag, cpusFlag string, unsplit bool,
+	unsplitThreads int, unsplitCPUs, serveArgs string, stages bool, dir string, w load.Workload, levels []float64, sweepParam string,
+) (targets []load.Target, infos []load.TargetInfo, closeAll func(), err error) {
+	var clusters []*load.Cluster
+	closeAll = func() {
+		for _, c := range clusters {
+			c.Close()
+		}
+	}
+	meta, err := gguf.Read(model)
+	if err != nil {
+		return nil, nil, closeAll, err
+	}
+	var rs []gguf.Range
+	switch {
+	case rangesFlag != "" && shards > 0:
+		return nil, nil, closeAll, fmt.Errorf("give --shards or --ranges, not both")
+	case rangesFlag != "":
+		if rs, err = gguf.ParseRanges(rangesFlag); err != nil {
+			return nil, nil, closeAll, err
+		}
+	case shards > 0:
+		if shards > meta.BlockCount {
+			return nil, nil, closeAll, fmt.Errorf("--shards %d: the model has %d layers", shards, meta.BlockCount)
+		}
+		rs = gguf.EvenRanges(meta.BlockCount, shards)
+	default:
+		return nil, nil, closeAll, fmt.Errorf("with --model, give --shards N or --ranges")
+	}
+	threads, err := perWorkerInts(threadsFlag, len(rs))
+	if err != nil {
+		return nil, nil, closeAll, err
+	}
+	cpuSets, err := load.ParseCPUSets(cpusFlag)
+	if err != nil {
+		return nil, nil, closeAll, err
+	}
+	if len(cpuSets) > 0 && len(cpuSets) != len(rs) {
+		return nil, nil, closeAll, fmt.Errorf("--worker-cpus has %d sets for %d workers", len(cpuSets), len(rs))
+	}
+	var baseCPUs []int
+	if unsplitCPUs != "" {
+		sets, err := load.ParseCPUSets(unsplitCPUs)
+		if err != nil || len(sets) != 1 {
+			return nil, nil, closeAll, fmt.Errorf("--unsplit-cpus: want one CPU set, e.g. 0 or 0-1")
+		}
+		baseCPUs = sets[0]
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	paths, err := load.Shards(model, rs, filepath.Join(cache, "shardd", "bench-shards"))
+	if err != nil {
+		return nil, nil, closeAll, err
+	}
+	extra := append(sessionArgs(w, levels, sweepParam), strings.Fields(serveArgs)...)
+
+	route := load.Target{Name: "route"}
+	info := load.TargetInfo{Name: "route", Threads: threads}
+	var specs []load.WorkerSpec
+	for i, p := range paths {
+		s := load.WorkerSpec{Model: p, Name: fmt.Sprintf("hop%d", i), Threads: threads[i], Args: extra}
+		if len(cpuSets) > 0 {
+			s.CPUs = cpuSets[i]
+			info.CPUs = append(info.CPUs, intsString(s.CPUs))
+		}
+		if stages {
+			s.SpanFile = filepath.Join(dir, s.Name+".spans.jsonl")
+			route.SpanFiles = append(route.SpanFiles, s.SpanFile)
+			route.Instances = append(route.Instances, s.Name)
+		}
+		specs = append(specs, s)
+		info.Ranges = append(info.Ranges, rs[i].String())
+	}
+	route.SpanFlush = time.Second
+	c, err := load.StartWorkers(ctx, selfPath(), dir, specs)
+	if err != nil {
+		return nil, nil, closeAll, err
+	}
+	clusters = append(clusters, c)
+	route.Addrs, route.Workers, info.Workers = c.Addrs, c.Addrs, c.Addrs
+	targets, infos = append(targets, route), append(infos, info)
+
+	if unsplit {
+		s := load.WorkerSpec{Model: model, Name: "unsplit", Threads: unsplitThreads, CPUs: baseCPUs, Args: extra}
+		base := load.Target{Name: "unsplit", SpanFlush: time.Second}
+		if stages {
+			s.SpanFile = filepath.Join(dir, "unsplit.spans.jsonl")
+			base.SpanFiles, base.Instances = []string{s.SpanFile}, []string{s.Name}
+		}
+		c, err := load.StartWorkers(ctx, selfPath(), dir, []load.WorkerSpec{s})
+		if err != nil {
+			return nil, nil, closeAll, err
+		}
+		clusters = append(clusters, c)
+		base.Addrs, base.Workers = c.Addrs, c.Addrs
+		bi := load.TargetInfo{Name: "unsplit", Workers: c.Addrs, Ranges: []string{fmt.Sprintf("0:%d", meta.BlockCount)}, Threads: []int{unsplitThreads}}
+		if len(baseCPUs) > 0 {
+			bi.CPUs = []string{intsString(baseCPUs)}
+		}
+		targets, infos = append(targets, base), append(infos, bi)
+	}
+	return targets, infos, closeAll, nil
+}
+
+// sessionArgs sizes the workers the harness starts for the load: sessions
+// and KV cells for the most requests that can be in flight at once.
+func sessionArgs(w load.Workload, levels []float64, sweepParam string) []string {
+	inflight := w.Concurrency
+	for _, l := range levels {
+		if sweepParam == "concurrency" {
+			inflight = max(inflight, int(l))
+		}
+	}
+	if w.Rate > 0 || sweepParam == "rate" {
+		inflight = 64
+	}
+	inflight = min(inflight+1, 255)
+	longest := w.Lengths.Prompt[1] + w.Lengths.Output[1]
+	for _, p := range w.Lengths.Pairs {
+		longest = max(longest, p[0]+p[1])
+	}
+	return []string{"--max-sessions", strconv.Itoa(inflight), "--ctx-tokens", strconv.Itoa(inflight*(longest+8) + 256)}
+}
+
+func perWorkerInts(s string, n int) ([]int, error) {
+	parts := splitList(s)
+	if len(parts) != 1 && len(parts) != n {
+		return nil, fmt.Errorf("--threads: give one value or %d", n)
+	}
+	out := make([]int, n)
+	for i := range out {
+		v, err := strconv.Atoi(parts[min(i, len(parts)-1)])
+		if err != nil || v < 1 {
+			return nil, fmt.Errorf("--threads: bad value %q", parts[min(i, len(parts)-1)])
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+func intsString(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
+// selfPath is this executable, which the harness runs as 'serve'.
+func selfPath() string {
+	p, err := os.Executable()
+	if err != nil {
+		return os.Args[0]
+	}
+	return p
+}

@@ -1,0 +1,177 @@
+package load
+
+import (
+	"fmt"
+	"html/template"
+	"os"
+	"strings"
+)
+
+// plot is one figure of the page.
+type plot struct {
+	ID, Caption string
+	SVG         template.HTML
+}
+
+// plots builds the report's figures: TTFT and ITL CDFs per run, ITL over
+// time, per-hop stacked bars, per-stage bars when spans were read, and the
+// sweep's curve.
+func (r *Report) plots() []plot {
+	runs := r.Runs
+	if len(runs) > len(palette) {
+		runs = runs[:len(palette)]
+	}
+	var out []plot
+	cdf := func(id, name string, get func(*Summary) Dist) {
+		var ss []plotSeries
+		for _, s := range runs {
+			if d := get(s); len(d.CDF) > 0 {
+				ss = append(ss, plotSeries{Name: s.Label, Points: d.CDF})
+			}
+		}
+		if len(ss) > 0 {
+			out = append(out, plot{id, name + ": share of requests (TTFT) or tokens (ITL) at or below a latency",
+				template.HTML(linePlot(name+" CDF", axis{label: name + " (ms, log)", log: true}, axis{label: "quantile"}, ss))})
+		}
+	}
+	cdf("ttft-cdf", "TTFT", func(s *Summary) Dist { return s.TTFT })
+	cdf("itl-cdf", "ITL", func(s *Summary) Dist { return s.ITL })
+
+	var ts []plotSeries
+	for _, s := range runs {
+		if len(s.ITLSeries) > 0 {
+			ts = append(ts, plotSeries{Name: s.Label, Points: s.ITLSeries, Dots: true})
+		}
+	}
+	if len(ts) > 0 {
+		out = append(out, plot{"itl-time", "every inter-token gap (a sample of at most 20,000 per run) by when it ended",
+			template.HTML(linePlot("ITL over time", axis{label: "seconds into the run"}, axis{label: "ITL (ms)"}, ts))})
+	}
+
+	var cats []string
+	var vals [][]float64
+	for _, s := range runs {
+		for _, h := range s.Hops {
+			cats = append(cats, fmt.Sprintf("%s h%d", shortLabel(s.Label), h.Hop))
+			vals = append(vals, []float64{h.Exec.P50, h.Wire.P50})
+		}
+	}
+	if len(cats) > 0 {
+		out = append(out, plot{"hops", "median decode step per hop: the worker's execution and the head's wait beyond it (wire)",
+			template.HTML(stackedBars("Per hop, decode step p50", "ms", cats, []string{"exec", "wire"}, vals))})
+	}
+
+	for _, s := range runs {
+		if len(s.Stages) == 0 {
+			continue
+		}
+		names := stageNames(s.Stages)
+		var parts []string
+		for _, n := range names {
+			if n != "step" {
+				parts = append(parts, n)
+			}
+		}
+		var cats []string
+		var vals [][]float64
+		for i, st := range s.Stages {
+			cats = append(cats, fmt.Sprintf("hop %d", i))
+			var v []float64
+			for _, n := range parts {
+				v = append(v, st[n].P50)
+			}
+			vals = append(vals, v)
+		}
+		out = append(out, plot{"stages-" + s.Label, "median time per stage on each worker, from its spans (" + s.Label + ")",
+			template.HTML(stackedBars("Per stage p50, "+s.Label, "ms", cats, parts, vals))})
+		break
+	}
+
+	if sw := r.Sweep; sw != nil && len(sw.Levels) > 1 {
+		var tput, itl [][2]float64
+		for _, m := range sw.Levels {
+			tput = append(tput, [2]float64{m.level(), m.OutputTokensPerS})
+			itl = append(itl, [2]float64{m.level(), m.ITLP99})
+		}
+		out = append(out,
+			plot{"sweep-throughput", fmt.Sprintf("output tokens/s against %s (median over rounds); knee at %g", sw.Param, sw.Knee),
+				template.HTML(linePlot("Throughput against "+sw.Param, axis{label: sw.Param, log: true}, axis{label: "tokens/s"},
+					[]plotSeries{{Name: "tokens/s", Points: tput}}))},
+			plot{"sweep-itl", "ITL p99 against " + sw.Param,
+				template.HTML(linePlot("ITL p99 against "+sw.Param, axis{label: sw.Param, log: true}, axis{label: "ms"},
+					[]plotSeries{{Name: "ITL p99", Points: itl}}))})
+	}
+	return out
+}
+
+func shortLabel(s string) string {
+	if len(s) > 18 {
+		return s[:18]
+	}
+	return s
+}
+
+var page = template.Must(template.New("page").Funcs(template.FuncMap{"ms": msf, "pct": func(f float64) float64 { return 100 * f }}).Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>shardd bench report</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:24px;color:#222}
+table{border-collapse:collapse;margin:8px 0 20px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;font-size:13px}
+th{background:#f4f4f4}figure{display:inline-block;margin:8px 16px 16px 0;vertical-align:top}
+figcaption{font-size:12px;color:#555;max-width:640px}.fail{color:#b00;font-weight:bold}.ok{color:#070}
+</style></head>
+<body data-plots="{{len .Plots}}">
+<h1>shardd bench</h1>
+<p>{{.R.Started.Format "2006-01-02 15:04:05 MST"}} &middot; <code>{{.R.Command}}</code></p>
+<p>{{.R.Workload.Mode}} loop{{if .R.Workload.Concurrency}}, concurrency {{.R.Workload.Concurrency}}{{end}}{{if .R.Workload.Rate}}, {{.R.Workload.Rate}} requests/s{{end}};
+prompts {{index .R.Workload.PromptLen 0}}-{{index .R.Workload.PromptLen 1}} tokens, outputs {{index .R.Workload.OutputLen 0}}-{{index .R.Workload.OutputLen 1}};
+seed {{.R.Workload.Seed}}; {{.R.Workload.Rounds}} round(s){{if .R.Workload.SLO}}; SLO {{.R.Workload.SLO}}{{end}}.</p>
+<h2>Targets</h2>
+<table><tr><th>target</th><th>workers</th><th>ranges</th><th>threads</th><th>CPUs</th><th>links</th></tr>
+{{range .R.Targets}}<tr><td>{{.Name}}</td><td>{{range .Workers}}{{.}} {{end}}</td><td>{{range .Ranges}}{{.}} {{end}}</td><td>{{range .Threads}}{{.}} {{end}}</td><td>{{range .CPUs}}{{.}} {{end}}</td><td>{{range .Links}}{{.}} {{end}}</td></tr>
+{{end}}</table>
+<h2>Runs</h2>
+<table><tr><th>run</th><th>requests</th><th>errors</th><th>tokens/s</th><th>TTFT p50</th><th>TTFT p99</th><th>ITL p50</th><th>ITL p99</th><th>TPOT p50</th><th>E2E p99</th><th>goodput</th><th>harness CPU/token</th></tr>
+{{range .R.Runs}}<tr><td>{{.Label}}</td><td>{{.Requests}}</td><td>{{.Errors}}</td><td>{{printf "%.1f" .OutputTokensPerS}}</td><td>{{ms .TTFT.P50}}</td><td>{{ms .TTFT.P99}}</td><td>{{ms .ITL.P50}}</td><td>{{ms .ITL.P99}}</td><td>{{ms .TPOT.P50}}</td><td>{{ms .E2E.P99}}</td><td>{{printf "%.3f" .Goodput}}</td><td>{{printf "%.0f" .HarnessCPUPerTokenMicros}} us</td></tr>
+{{end}}</table>
+{{if gt (len .R.Medians) 1}}<h2>Medians over rounds</h2>
+<table><tr><th>target</th><th>load</th><th>rounds</th><th>tokens/s</th><th>spread</th><th>ratio</th><th>TTFT p99</th><th>ITL p99</th></tr>
+{{range .R.Medians}}<tr><td>{{.Target}}</td><td>{{.Load}}</td><td>{{.Rounds}}</td><td>{{printf "%.1f" .OutputTokensPerS}}</td><td>{{printf "%.0f%%" (pct .Spread)}}</td><td>{{printf "%.2fx" .Ratio}}</td><td>{{ms .TTFTP99}}</td><td>{{ms .ITLP99}}</td></tr>
+{{end}}</table>{{end}}
+{{if .R.Budget}}<h2>Budget: {{if .R.BudgetPass}}<span class="ok">every limit holds</span>{{else}}<span class="fail">FAILED</span>{{end}}</h2>
+<table><tr><th>run</th><th>limit</th><th>value</th><th>verdict</th></tr>
+{{range .R.Budget}}<tr><td>{{.Run}}</td><td>{{.Limit}}</td><td>{{printf "%.4g" .Value}}</td><td>{{if .Pass}}<span class="ok">ok</span>{{else}}<span class="fail">FAIL</span>{{end}}</td></tr>
+{{end}}</table>{{end}}
+<h2>Plots</h2>
+{{range .Plots}}<figure class="plot" id="{{.ID}}">{{.SVG}}<figcaption>{{.Caption}}</figcaption></figure>
+{{end}}
+<script>
+// Marks each figure whose plot the browser laid out with visible marks;
+// a test reads data-plots-rendered in a headless browser.
+window.addEventListener("load", function () {
+  var n = 0;
+  document.querySelectorAll("figure.plot").forEach(function (f) {
+    var svg = f.querySelector("svg");
+    if (!svg) return;
+    var box = svg.getBoundingClientRect();
+    var marks = Array.prototype.filter.call(svg.querySelectorAll(".mark"), function (m) {
+      var b = m.getBBox(); return b.width > 0 || b.height > 0;
+    });
+    if (box.width > 0 && box.height > 0 && marks.length > 0) { f.dataset.rendered = "yes"; n++; }
+  });
+  document.body.dataset.plotsRendered = String(n);
+});
+</script>
+</body></html>
+`))
+
+// WriteHTML writes the report as one self-contained page.
+func (r *Report) WriteHTML(path string) error {
+	var b strings.Builder
+	if err := page.Execute(&b, struct {
+		R     *Report
+		Plots []plot
+	}{r, r.plots()}); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}

@@ -1,0 +1,320 @@
+package load
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Schema names the JSON report's layout. A field is never renamed or
+// given another meaning under one schema name; new fields may be added.
+const Schema = "shardd.bench/v1"
+
+// Report is everything a harness invocation measured; it is the --json
+// file. Times are milliseconds unless a field's name says otherwise.
+type Report struct {
+	Schema   string       `json:"schema"`
+	Started  time.Time    `json:"started"`
+	Command  string       `json:"command"`
+	Workload WorkloadInfo `json:"workload"`
+	Targets  []TargetInfo `json:"targets"`
+	// Runs are in the order they ran: rounds interleave the targets.
+	Runs []*Summary `json:"runs"`
+	// Medians are per target and load level, over the rounds; Ratio is
+	// the target's tokens/s over the first target's at that level.
+	Medians []Median `json:"medians"`
+	// Sweep is present when the load was swept.
+	Sweep *Sweep `json:"sweep,omitempty"`
+	// Budget is every limit checked against every run of the first
+	// target; BudgetPass is false when any failed.
+	Budget     []Check `json:"budget,omitempty"`
+	BudgetPass bool    `json:"budget_pass"`
+}
+
+// WorkloadInfo records the load, for the report.
+type WorkloadInfo struct {
+	Mode        string  `json:"mode"` // "closed" or "open"
+	Concurrency []int   `json:"concurrency,omitempty"`
+	Rate        float64 `json:"rate,omitempty"`
+	Requests    int     `json:"requests,omitempty"`
+	DurationS   float64 `json:"duration_s,omitempty"`
+	Warmup      int     `json:"warmup"`
+	PromptLen   [2]int  `json:"prompt_len"`
+	OutputLen   [2]int  `json:"output_len"`
+	LengthPairs int     `json:"length_pairs,omitempty"`
+	Temperature float64 `json:"temperature"`
+	TopK        int     `json:"top_k"`
+	TopP        float64 `json:"top_p"`
+	Seed        uint64  `json:"seed"`
+	Rounds      int     `json:"rounds"`
+	SLO         string  `json:"slo,omitempty"`
+}
+
+// TargetInfo describes a target.
+type TargetInfo struct {
+	Name    string   `json:"name"`
+	Workers []string `json:"workers"`
+	Ranges  []string `json:"ranges,omitempty"`
+	Threads []int    `json:"threads,omitempty"`
+	CPUs    []string `json:"cpus,omitempty"`
+	Links   []string `json:"links,omitempty"`
+}
+
+// Median is one target at one load level over its rounds.
+type Median struct {
+	Target           string  `json:"target"`
+	Concurrency      int     `json:"concurrency,omitempty"`
+	Rate             float64 `json:"rate,omitempty"`
+	Rounds           int     `json:"rounds"`
+	OutputTokensPerS float64 `json:"output_tokens_per_s"`
+	TTFTP99          float64 `json:"ttft_p99_ms"`
+	ITLP99           float64 `json:"itl_p99_ms"`
+	Goodput          float64 `json:"goodput"`
+	// Spread is (max - min) / median of tokens/s over the rounds.
+	Spread float64 `json:"spread"`
+	Ratio  float64 `json:"ratio"`
+}
+
+// Sweep is the throughput/latency curve of the first target.
+type Sweep struct {
+	Param  string   `json:"param"`
+	Levels []Median `json:"levels"`
+	// Knee is the smallest level whose tokens/s reaches 90% of the
+	// curve's peak: past it, more load mostly adds latency.
+	Knee float64 `json:"knee"`
+}
+
+// Finish computes the medians, the sweep's knee and the budget verdict.
+func (r *Report) Finish(budget Budget, sweepParam string) {
+	type key struct {
+		target string
+		c      int
+		rate   float64
+	}
+	groups := map[key][]*Summary{}
+	var order []key
+	for _, s := range r.Runs {
+		k := key{s.Target, s.Concurrency, s.Rate}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], s)
+	}
+	first := ""
+	if len(r.Runs) > 0 {
+		first = r.Runs[0].Target
+	}
+	base := map[[2]float64]float64{}
+	r.Medians = nil
+	for _, k := range order {
+		g := groups[k]
+		tps := collect(g, func(s *Summary) float64 { return s.OutputTokensPerS })
+		m := Median{Target: k.target, Concurrency: k.c, Rate: k.rate, Rounds: len(g),
+			OutputTokensPerS: median(tps),
+			TTFTP99:          median(collect(g, func(s *Summary) float64 { return s.TTFT.P99 })),
+			ITLP99:           median(collect(g, func(s *Summary) float64 { return s.ITL.P99 })),
+			Goodput:          median(collect(g, func(s *Summary) float64 { return s.Goodput })),
+		}
+		if m.OutputTokensPerS > 0 {
+			m.Spread = (slices.Max(tps) - slices.Min(tps)) / m.OutputTokensPerS
+		}
+		lvl := [2]float64{float64(k.c), k.rate}
+		if k.target == first {
+			base[lvl] = m.OutputTokensPerS
+		}
+		if b := base[lvl]; b > 0 {
+			m.Ratio = m.OutputTokensPerS / b
+		}
+		r.Medians = append(r.Medians, m)
+	}
+	if sweepParam != "" {
+		sw := &Sweep{Param: sweepParam}
+		peak := 0.0
+		for _, m := range r.Medians {
+			if m.Target == first {
+				sw.Levels = append(sw.Levels, m)
+				peak = max(peak, m.OutputTokensPerS)
+			}
+		}
+		sort.Slice(sw.Levels, func(a, b int) bool { return sw.Levels[a].level() < sw.Levels[b].level() })
+		for _, m := range sw.Levels {
+			if m.OutputTokensPerS >= 0.9*peak {
+				sw.Knee = m.level()
+				break
+			}
+		}
+		r.Sweep = sw
+	}
+	r.Budget, r.BudgetPass = nil, true
+	for _, s := range r.Runs {
+		if s.Target != first {
+			continue
+		}
+		for _, c := range budget.Evaluate(s) {
+			r.Budget = append(r.Budget, c)
+			r.BudgetPass = r.BudgetPass && c.Pass
+		}
+	}
+}
+
+func (m Median) level() float64 {
+	if m.Rate > 0 {
+		return m.Rate
+	}
+	return float64(m.Concurrency)
+}
+
+func collect(g []*Summary, f func(*Summary) float64) []float64 {
+	out := make([]float64, len(g))
+	for i, s := range g {
+		out[i] = f(s)
+	}
+	return out
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
+}
+
+// WriteJSON writes the report to path.
+func (r *Report) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// WriteText prints the summary tables.
+func (r *Report) WriteText(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "run\trequests\terrors\ttokens/s\treq/s\tTTFT p50\tTTFT p99\tITL p50\tITL p99\tTPOT p50\tE2E p99\tgoodput\tharness CPU/token\t")
+	for _, s := range r.Runs {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%.0f us\t\n", s.Label, s.Requests, s.Errors,
+			s.OutputTokensPerS, s.RequestsPerS, msf(s.TTFT.P50), msf(s.TTFT.P99), msf(s.ITL.P50), msf(s.ITL.P99),
+			msf(s.TPOT.P50), msf(s.E2E.P99), s.Goodput, s.HarnessCPUPerTokenMicros)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nper hop, decode steps (exec: the worker's own execution; wire: the head's wait beyond it)")
+	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "run\thop\tworker\tsteps\texec p50\texec p99\twire p50\twire p99\tprefill exec p50\t")
+	for _, s := range r.Runs {
+		for _, h := range s.Hops {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", s.Label, h.Hop, h.Worker, h.Exec.Count,
+				msf(h.Exec.P50), msf(h.Exec.P99), msf(h.Wire.P50), msf(h.Wire.P99), msf(h.PrefillExec.P50))
+		}
+	}
+	tw.Flush()
+	for _, s := range r.Runs {
+		if len(s.Stages) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\nstages of %s (worker spans, p50 / p99)\n", s.Label)
+		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprint(tw, "hop\t")
+		names := stageNames(s.Stages)
+		for _, n := range names {
+			fmt.Fprintf(tw, "%s\t", n)
+		}
+		fmt.Fprintln(tw)
+		for i, st := range s.Stages {
+			fmt.Fprintf(tw, "%d\t", i)
+			for _, n := range names {
+				fmt.Fprintf(tw, "%s / %s\t", msf(st[n].P50), msf(st[n].P99))
+			}
+			fmt.Fprintln(tw)
+		}
+		tw.Flush()
+	}
+	var errs []string
+	for _, s := range r.Runs {
+		for code, n := range s.ErrorsByCode {
+			errs = append(errs, fmt.Sprintf("%s: %s %d", s.Label, code, n))
+		}
+		if s.Retries+s.Recoveries > 0 {
+			errs = append(errs, fmt.Sprintf("%s: %d retries, %d re-prefills after a cache miss", s.Label, s.Retries, s.Recoveries))
+		}
+	}
+	if len(errs) > 0 {
+		slices.Sort(errs)
+		fmt.Fprintf(w, "\nerrors and recoveries\n  %s\n", strings.Join(errs, "\n  "))
+	}
+	if len(r.Medians) > 1 {
+		fmt.Fprintln(w, "\nmedians over rounds (ratio: tokens/s over the first target's)")
+		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "target\tload\trounds\ttokens/s\tspread\tratio\tTTFT p99\tITL p99\tgoodput\t")
+		for _, m := range r.Medians {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%.0f%%\t%.2fx\t%s\t%s\t%.3f\t\n", m.Target, m.Load(), m.Rounds,
+				m.OutputTokensPerS, 100*m.Spread, m.Ratio, msf(m.TTFTP99), msf(m.ITLP99), m.Goodput)
+		}
+		tw.Flush()
+	}
+	if r.Sweep != nil {
+		fmt.Fprintf(w, "\nsweep of %s: knee at %g (the first level with 90%% of the peak tokens/s)\n", r.Sweep.Param, r.Sweep.Knee)
+	}
+	if len(r.Budget) > 0 {
+		fmt.Fprintln(w)
+		failed := 0
+		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "budget\trun\tlimit\tvalue\tverdict\t")
+		for _, c := range r.Budget {
+			verdict := "ok"
+			switch {
+			case c.Missing:
+				verdict, failed = "FAIL: not measured", failed+1
+			case !c.Pass:
+				verdict, failed = fmt.Sprintf("FAIL by %.1f%%", 100*c.Over), failed+1
+			}
+			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s\t\n", c.Run, c.Limit, formatFigure(c.Limit.Metric, c.Value), verdict)
+		}
+		tw.Flush()
+		if failed > 0 {
+			fmt.Fprintf(w, "budget: %d of %d limits FAILED\n", failed, len(r.Budget))
+		} else {
+			fmt.Fprintf(w, "budget: all %d limits hold\n", len(r.Budget))
+		}
+	}
+}
+
+func (m Median) Load() string {
+	if m.Rate > 0 {
+		return fmt.Sprintf("rate %g/s", m.Rate)
+	}
+	return fmt.Sprintf("c=%d", m.Concurrency)
+}
+
+func msf(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f ms", v)
+}
+
+// stageNames are the stages present, in pipeline order.
+func stageNames(stages []map[string]Dist) []string {
+	order := []string{"decode", "reassemble", "decompress", "checksum", "queue", "forward", "frameout", "step"}
+	var out []string
+	for _, n := range order {
+		for _, st := range stages {
+			if _, ok := st[n]; ok {
+				out = append(out, n)
+				break
+			}
+		}
+	}
+	return out
+}

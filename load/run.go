@@ -1,0 +1,420 @@
+package load
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/meshnet/shardd/route"
+)
+
+// Target is what a run loads: a route of workers.
+type Target struct {
+	// Name labels the target in reports: "route", "unsplit", or the
+	// operator's choice.
+	Name string
+	// Addrs are the addresses the head dials, in layer order (a link's
+	// proxy where one is set).
+	Addrs []string
+	// Workers are the workers' own addresses, for the report.
+	Workers []string
+	// Instances are the names the workers give their spans (serve
+	// --instance), in route order; default Workers.
+	Instances []string
+	// SpanFiles are span files the workers write (serve --traces
+	// file:PATH); when set, the run reports per-stage latency from the
+	// spans of its measured window.
+	SpanFiles []string
+	// SpanFlush is how long the workers may take to write a span after it
+	// ended (their batch span processor's delay).
+	SpanFlush time.Duration
+}
+
+// RunOptions are a run's settings beyond its workload.
+type RunOptions struct {
+	Route route.Options
+	// Progress, when set, receives a live progress line every second.
+	Progress io.Writer
+	// Label starts the progress line and names the run in the report.
+	Label string
+	// MaxInflight caps an open loop's requests in flight; an arrival
+	// beyond it is shed and counted as an error ("SHED"). Default 4096.
+	MaxInflight int
+}
+
+// recorder collects one run's measurements.
+type recorder struct {
+	mu             sync.Mutex // guards everything below
+	on             bool       // the measured phase is running
+	start          time.Time
+	ttft, itl      hist
+	tpot, e2e      hist
+	hopExec        []hist
+	hopWire        []hist
+	hopPrefillExec []hist
+	itlSeries      series
+	requests, good int
+	tokens         int
+	errs           map[string]int
+	retries, recov int
+	dupAcks        int
+	lastDone       time.Time
+}
+
+func newRecorder(hops int) *recorder {
+	r := &recorder{ttft: newHist(), itl: newHist(), tpot: newHist(), e2e: newHist(),
+		errs: map[string]int{}, itlSeries: series{cap: 20000, rng: 1}}
+	for range hops {
+		r.hopExec = append(r.hopExec, newHist())
+		r.hopWire = append(r.hopWire, newHist())
+		r.hopPrefillExec = append(r.hopPrefillExec, newHist())
+	}
+	return r
+}
+
+// observe takes a route's step sample.
+func (r *recorder) observe(s route.StepSample) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.on || s.Hop >= len(r.hopExec) {
+		return
+	}
+	if !s.Decode {
+		r.hopPrefillExec[s.Hop].record(s.Exec)
+		return
+	}
+	r.hopExec[s.Hop].record(s.Exec)
+	r.hopWire[s.Hop].record(max(s.Wall-s.Exec, 0))
+}
+
+// reqTrace is one request's token times, kept by its own goroutine.
+type reqTrace struct {
+	arrival time.Time
+	times   []time.Time
+}
+
+// finish records a measured request.
+func (r *recorder) finish(tr *reqTrace, st route.Stats, err error, slo SLO) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.requests++
+	r.retries += st.Retries
+	r.recov += st.Recoveries
+	r.dupAcks += st.DuplicateAcks
+	if err != nil {
+		r.errs[errorClass(err)]++
+		return
+	}
+	n := len(tr.times)
+	r.tokens += n
+	if n == 0 {
+		return
+	}
+	end := tr.times[n-1]
+	r.lastDone = end
+	ttft := tr.times[0].Sub(tr.arrival)
+	r.ttft.record(ttft)
+	e2e := end.Sub(tr.arrival)
+	r.e2e.record(e2e)
+	var maxITL, tpot time.Duration
+	for i := 1; i < n; i++ {
+		d := tr.times[i].Sub(tr.times[i-1])
+		maxITL = max(maxITL, d)
+		r.itl.record(d)
+		r.itlSeries.add([2]float64{tr.times[i].Sub(r.start).Seconds(), float64(d.Microseconds()) / 1e3})
+	}
+	if n > 1 {
+		tpot = end.Sub(tr.times[0]) / time.Duration(n-1)
+		r.tpot.record(tpot)
+	}
+	if slo.met(ttft, maxITL, tpot, e2e) {
+		r.good++
+	}
+}
+
+// errorClass names an error for the report: the worker's ErrorCode where
+// it refused, else what kind of failure it was.
+func errorClass(err error) string {
+	var re *route.RefusedError
+	switch {
+	case errors.As(err, &re):
+		return re.Code.String()
+	case errors.Is(err, context.DeadlineExceeded):
+		return "DEADLINE"
+	case errors.Is(err, context.Canceled):
+		return "CANCELED"
+	case errors.Is(err, errShed):
+		return "SHED"
+	}
+	return "TRANSPORT"
+}
+
+var errShed = errors.New("load: arrival shed, too many requests in flight")
+
+// Run puts workload w on target t and returns the measured summary.
+func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, error) {
+	if opts.MaxInflight <= 0 {
+		opts.MaxInflight = 4096
+	}
+	for _, a := range t.Addrs {
+		c, err := net.DialTimeout("tcp", a, 3*time.Second)
+		if err != nil {
+			return nil, fmt.Errorf("load: %s: worker %s is unreachable: %w", t.Name, a, err)
+		}
+		c.Close()
+	}
+	rec := newRecorder(len(t.Addrs))
+	ro := opts.Route
+	ro.Observe = rec.observe
+	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	rt, err := route.Dial(dialCtx, t.Addrs, ro)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	defer rt.Close()
+	// One token through the route: proves it generates before any load,
+	// and tells the vocabulary the prompts are drawn from.
+	st, err := rt.Generate(ctx, route.Request{Prompt: []int32{1}, MaxTokens: 1}, func(int32) error { return nil })
+	if err != nil {
+		return nil, fmt.Errorf("load: %s: the first generation failed: %w", t.Name, err)
+	}
+	if w.Vocab == 0 {
+		w.Vocab = st.Vocab
+	}
+	if err := w.Check(); err != nil {
+		return nil, err
+	}
+
+	if w.Warmup > 0 {
+		warm := w
+		warm.Requests, warm.Duration = w.Warmup, 0
+		drive(ctx, rt, warm, opts, nil, 1<<30)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+
+	spanFrom := time.Now()
+	cpu0 := processCPU()
+	rec.mu.Lock()
+	rec.on, rec.start = true, time.Now()
+	rec.mu.Unlock()
+	stopProgress := progress(opts, rec, w)
+	drive(ctx, rt, w, opts, rec, 0)
+	stopProgress()
+	rec.mu.Lock()
+	rec.on = false
+	rec.mu.Unlock()
+	cpu := processCPU() - cpu0
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	s := rec.summary(t, w, opts.Label)
+	if s.OutputTokens > 0 {
+		s.HarnessCPUPerTokenMicros = float64(cpu.Microseconds()) / float64(s.OutputTokens)
+	}
+	if len(t.SpanFiles) > 0 {
+		end := time.Now()
+		time.Sleep(t.SpanFlush)
+		inst := t.Instances
+		if len(inst) == 0 {
+			inst = t.Workers
+		}
+		if s.Stages, err = stagesFromSpans(t.SpanFiles, inst, spanFrom, end); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// drive issues w's requests (indices from base) and waits for them all.
+// rec nil: a warm-up, nothing is recorded.
+func drive(ctx context.Context, rt *route.Route, w Workload, opts RunOptions, rec *recorder, base int) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var deadline <-chan time.Time
+	if w.Duration > 0 {
+		tm := time.NewTimer(w.Duration)
+		defer tm.Stop()
+		deadline = tm.C
+	}
+	var issued atomic.Int64
+	// next hands out the next request index, or false when the phase's
+	// arrivals are over.
+	next := func() (int, bool) {
+		select {
+		case <-deadline:
+			return 0, false
+		case <-ctx.Done():
+			return 0, false
+		default:
+		}
+		i := int(issued.Add(1)) - 1
+		if w.Requests > 0 && i >= w.Requests {
+			return 0, false
+		}
+		return i, true
+	}
+	one := func(i int, arrival time.Time) {
+		tr := &reqTrace{arrival: arrival}
+		req := w.request(base + i)
+		tr.times = make([]time.Time, 0, req.MaxTokens)
+		st, err := rt.Generate(ctx, req, func(int32) error {
+			tr.times = append(tr.times, time.Now())
+			return nil
+		})
+		if err == nil && len(tr.times) != req.MaxTokens {
+			err = fmt.Errorf("load: %d of %d tokens", len(tr.times), req.MaxTokens)
+		}
+		if rec != nil && ctx.Err() == nil {
+			rec.finish(tr, st, err, w.SLO)
+		}
+	}
+	var wg sync.WaitGroup
+	if w.Rate <= 0 {
+		for range w.Concurrency {
+			wg.Go(func() {
+				for {
+					i, ok := next()
+					if !ok {
+						return
+					}
+					one(i, time.Now())
+				}
+			})
+		}
+		wg.Wait()
+		return
+	}
+	gap := w.arrivals()
+	var inflight atomic.Int64
+	at := time.Now()
+	for {
+		at = at.Add(gap())
+		if d := time.Until(at); d > 0 {
+			tm := time.NewTimer(d)
+			select {
+			case <-tm.C:
+			case <-deadline:
+				tm.Stop()
+				wg.Wait()
+				return
+			case <-ctx.Done():
+				tm.Stop()
+				wg.Wait()
+				return
+			}
+		}
+		i, ok := next()
+		if !ok {
+			break
+		}
+		if inflight.Load() >= int64(opts.MaxInflight) {
+			if rec != nil {
+				rec.finish(&reqTrace{arrival: at}, route.Stats{}, errShed, w.SLO)
+			}
+			continue
+		}
+		inflight.Add(1)
+		arrival := at
+		wg.Go(func() {
+			defer inflight.Add(-1)
+			one(i, arrival)
+		})
+	}
+	wg.Wait()
+}
+
+// progress prints a live line until the returned stop is called.
+func progress(opts RunOptions, rec *recorder, w Workload) (stop func()) {
+	if opts.Progress == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tk := time.NewTicker(time.Second)
+		defer tk.Stop()
+		for {
+			select {
+			case <-done:
+				fmt.Fprintln(opts.Progress)
+				return
+			case <-tk.C:
+			}
+			rec.mu.Lock()
+			el := time.Since(rec.start).Seconds()
+			line := fmt.Sprintf("\r%s: %d", opts.Label, rec.requests)
+			if w.Requests > 0 {
+				line += fmt.Sprintf("/%d", w.Requests)
+			}
+			errs := 0
+			for _, n := range rec.errs {
+				errs += n
+			}
+			line += fmt.Sprintf(" requests, %.1f tokens/s, ttft p99 %.1f ms, itl p99 %.1f ms, %d errors  ",
+				float64(rec.tokens)/el, ms(rec.ttft.h.ValueAtQuantile(99)), ms(rec.itl.h.ValueAtQuantile(99)), errs)
+			rec.mu.Unlock()
+			fmt.Fprint(opts.Progress, line)
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}
+
+// processCPU is this process's user and system CPU time so far.
+func processCPU() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// summary turns the recorder into the run's Summary.
+func (r *recorder) summary(t Target, w Workload, label string) *Summary {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := &Summary{Label: label, Target: t.Name, Concurrency: w.Concurrency, Rate: w.Rate,
+		Requests: r.requests, OutputTokens: r.tokens, ErrorsByCode: map[string]int{},
+		Retries: r.retries, Recoveries: r.recov, DuplicateAcks: r.dupAcks,
+		TTFT: r.ttft.dist(true), ITL: r.itl.dist(true), TPOT: r.tpot.dist(false), E2E: r.e2e.dist(false)}
+	for k, v := range r.errs {
+		s.ErrorsByCode[k] = v
+		s.Errors += v
+	}
+	if !r.lastDone.IsZero() {
+		s.ElapsedSeconds = r.lastDone.Sub(r.start).Seconds()
+	}
+	if s.ElapsedSeconds > 0 {
+		s.OutputTokensPerS = float64(r.tokens) / s.ElapsedSeconds
+		s.RequestsPerS = float64(r.requests-s.Errors) / s.ElapsedSeconds
+	}
+	if r.requests > 0 {
+		s.Goodput = float64(r.good) / float64(r.requests)
+		s.ErrorRate = float64(s.Errors) / float64(r.requests)
+	}
+	for i := range r.hopExec {
+		h := HopSummary{Hop: i, Exec: r.hopExec[i].dist(false), Wire: r.hopWire[i].dist(false),
+			PrefillExec: r.hopPrefillExec[i].dist(false)}
+		if i < len(t.Workers) {
+			h.Worker = t.Workers[i]
+		}
+		if i < len(t.Addrs) {
+			h.Addr = t.Addrs[i]
+		}
+		s.Hops = append(s.Hops, h)
+	}
+	s.ITLSeries = slices.Clone(r.itlSeries.pts)
+	sort.Slice(s.ITLSeries, func(a, b int) bool { return s.ITLSeries[a][0] < s.ITLSeries[b][0] })
+	return s
+}

@@ -1,0 +1,154 @@
+package load
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/meshnet/shardd/telemetry"
+)
+
+// SLO is the per-request service level that goodput counts: a request
+// meets it when it finished without error and each set limit holds. Zero
+// limits are not checked.
+type SLO struct {
+	// TTFT bounds the time from a request's arrival to its first token.
+	TTFT time.Duration `json:"ttft_ms"`
+	// ITL bounds every gap between two of the request's tokens (its
+	// largest inter-token latency).
+	ITL time.Duration `json:"itl_ms"`
+	// TPOT bounds the request's mean time per output token after the
+	// first.
+	TPOT time.Duration `json:"tpot_ms"`
+	// E2E bounds the request's whole latency.
+	E2E time.Duration `json:"e2e_ms"`
+}
+
+// ParseSLO reads "ttft=300ms,itl=25ms" (keys ttft, itl, tpot, e2e).
+func ParseSLO(s string) (SLO, error) {
+	var slo SLO
+	if strings.TrimSpace(s) == "" {
+		return slo, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if !ok || err != nil || d <= 0 {
+			return slo, fmt.Errorf("%w: SLO item %q: want NAME=DURATION, e.g. itl=25ms", ErrInput, kv)
+		}
+		switch strings.TrimSpace(k) {
+		case "ttft":
+			slo.TTFT = d
+		case "itl":
+			slo.ITL = d
+		case "tpot":
+			slo.TPOT = d
+		case "e2e":
+			slo.E2E = d
+		default:
+			return slo, fmt.Errorf("%w: SLO names ttft, itl, tpot or e2e, not %q", ErrInput, k)
+		}
+	}
+	return slo, nil
+}
+
+func (s SLO) met(ttft, maxITL, tpot, e2e time.Duration) bool {
+	ok := func(v, limit time.Duration) bool { return limit == 0 || v <= limit }
+	return ok(ttft, s.TTFT) && ok(maxITL, s.ITL) && ok(tpot, s.TPOT) && ok(e2e, s.E2E)
+}
+
+// String is the SLO as ParseSLO reads it.
+func (s SLO) String() string {
+	var parts []string
+	for _, p := range []struct {
+		k string
+		v time.Duration
+	}{{"ttft", s.TTFT}, {"itl", s.ITL}, {"tpot", s.TPOT}, {"e2e", s.E2E}} {
+		if p.v > 0 {
+			parts = append(parts, p.k+"="+p.v.String())
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// Summary is one measured run: one target under one load.
+type Summary struct {
+	Label       string  `json:"label"`
+	Target      string  `json:"target"`
+	Round       int     `json:"round"`
+	Concurrency int     `json:"concurrency,omitempty"`
+	Rate        float64 `json:"rate,omitempty"`
+
+	Requests      int            `json:"requests"`
+	Errors        int            `json:"errors"`
+	ErrorRate     float64        `json:"error_rate"`
+	ErrorsByCode  map[string]int `json:"errors_by_code"`
+	Retries       int            `json:"retries"`
+	Recoveries    int            `json:"recoveries"`
+	DuplicateAcks int            `json:"duplicate_acks"`
+
+	ElapsedSeconds   float64 `json:"elapsed_s"`
+	OutputTokens     int     `json:"output_tokens"`
+	OutputTokensPerS float64 `json:"output_tokens_per_s"`
+	RequestsPerS     float64 `json:"requests_per_s"`
+	// Goodput is the share of requests that met the SLO (1 with no SLO
+	// and no errors).
+	Goodput float64 `json:"goodput"`
+
+	TTFT Dist `json:"ttft"`
+	ITL  Dist `json:"itl"`
+	TPOT Dist `json:"tpot"`
+	E2E  Dist `json:"e2e"`
+
+	Hops []HopSummary `json:"hops"`
+	// Stages: per hop (in route order) the worker's per-stage span
+	// latencies, from the span files of the measured window.
+	Stages []map[string]Dist `json:"stages,omitempty"`
+	// HarnessCPUPerTokenMicros is the harness's own CPU time (user and
+	// system) per generated token.
+	HarnessCPUPerTokenMicros float64 `json:"harness_cpu_per_token_us"`
+	// ITLSeries is [seconds since the measured phase began, ITL ms]
+	// points (a sample of at most 20,000).
+	ITLSeries [][2]float64 `json:"itl_series"`
+}
+
+// HopSummary is one hop's decode steps as the head saw them.
+type HopSummary struct {
+	Hop    int    `json:"hop"`
+	Worker string `json:"worker"`
+	Addr   string `json:"addr"`
+	// Exec is the worker's own execution of a decode step (the Ack's
+	// execution_nanos); Wire is the head's wait beyond it: network,
+	// framing, queueing and the worker's stages before the forward.
+	Exec Dist `json:"exec"`
+	Wire Dist `json:"wire"`
+	// PrefillExec is the worker's execution of a prefill chunk.
+	PrefillExec Dist `json:"prefill_exec"`
+}
+
+// stagesFromSpans reads the workers' span files and summarises each hop's
+// stages within [from, to]. instances name the workers in route order as
+// their spans do.
+func stagesFromSpans(files, instances []string, from, to time.Time) ([]map[string]Dist, error) {
+	spans, err := telemetry.ReadSpans(files...)
+	if err != nil {
+		return nil, err
+	}
+	byInst := telemetry.StageDurations(spans, from, to)
+	out := make([]map[string]Dist, len(instances))
+	for i, inst := range instances {
+		out[i] = map[string]Dist{}
+		for stage, ds := range byInst[inst] {
+			h := newHist()
+			for _, d := range ds {
+				h.record(d)
+			}
+			name := stage
+			if stage == "shardd.step" {
+				name = "step"
+			}
+			out[i][name] = h.dist(false)
+		}
+	}
+	return out, nil
+}

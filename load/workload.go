@@ -1,0 +1,155 @@
+package load
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/meshnet/shardd/route"
+)
+
+// ErrInput is a workload, length file or budget the harness cannot use.
+var ErrInput = errors.New("load: bad input")
+
+// Lengths draws a request's prompt and output lengths.
+type Lengths struct {
+	// Prompt and Output are inclusive ranges; Min == Max is a fixed length.
+	Prompt, Output [2]int
+	// Pairs, when set, replaces the ranges: request i takes a pair drawn
+	// from it with the workload's seed.
+	Pairs [][2]int
+}
+
+// ParseRange reads "N" or "MIN-MAX" (both >= 1).
+func ParseRange(s string) ([2]int, error) {
+	lo, hi, isRange := strings.Cut(strings.TrimSpace(s), "-")
+	a, err := strconv.Atoi(lo)
+	b := a
+	if err == nil && isRange {
+		b, err = strconv.Atoi(hi)
+	}
+	if err != nil || a < 1 || b < a {
+		return [2]int{}, fmt.Errorf("%w: length %q: want N or MIN-MAX, positive", ErrInput, s)
+	}
+	return [2]int{a, b}, nil
+}
+
+// ReadLengthFile reads a file of "PROMPT OUTPUT" pairs, one a line
+// (whitespace or a comma between them; blank lines and lines starting with
+// # are skipped).
+func ReadLengthFile(path string) ([][2]int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	defer f.Close()
+	var out [][2]int
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.FieldsFunc(line, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' })
+		if len(fields) != 2 {
+			return nil, fmt.Errorf("%w: %s line %d: want two lengths, PROMPT OUTPUT", ErrInput, path, n)
+		}
+		p, err1 := strconv.Atoi(fields[0])
+		o, err2 := strconv.Atoi(fields[1])
+		if err1 != nil || err2 != nil || p < 1 || o < 1 {
+			return nil, fmt.Errorf("%w: %s line %d: lengths must be positive integers", ErrInput, path, n)
+		}
+		out = append(out, [2]int{p, o})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInput, path, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: %s has no lengths", ErrInput, path)
+	}
+	return out, nil
+}
+
+// Workload is the load put on a target.
+type Workload struct {
+	// Concurrency is the closed loop's number of requests in flight. Used
+	// when Rate is 0.
+	Concurrency int
+	// Rate, when positive, is an open loop: requests arrive as a Poisson
+	// process of this many per second, whatever is in flight.
+	Rate float64
+	// Requests ends the measured phase after this many requests; Duration
+	// ends it after this long (arrivals stop, those in flight finish).
+	// At least one of them is set.
+	Requests int
+	Duration time.Duration
+	// Warmup requests run first at the same load and are not counted.
+	Warmup  int
+	Lengths Lengths
+	// Sampling of every request; its Seed is offset by the request's
+	// index so requests differ but runs repeat.
+	Sampling route.Sampling
+	// Seed makes the lengths, prompts and arrivals of a run repeat.
+	Seed uint64
+	// Vocab bounds the random prompt token ids (1..Vocab-1).
+	Vocab int
+	SLO   SLO
+}
+
+// Check reports what makes w unusable.
+func (w Workload) Check() error {
+	switch {
+	case w.Rate < 0:
+		return fmt.Errorf("%w: rate must be positive", ErrInput)
+	case w.Rate == 0 && w.Concurrency < 1:
+		return fmt.Errorf("%w: concurrency must be at least 1", ErrInput)
+	case w.Requests < 0 || w.Warmup < 0 || w.Duration < 0:
+		return fmt.Errorf("%w: requests, warm-up and duration must not be negative", ErrInput)
+	case w.Requests == 0 && w.Duration == 0:
+		return fmt.Errorf("%w: give a number of requests or a duration", ErrInput)
+	case w.Vocab < 2:
+		return fmt.Errorf("%w: vocabulary of %d tokens", ErrInput, w.Vocab)
+	}
+	for _, r := range [][2]int{w.Lengths.Prompt, w.Lengths.Output} {
+		if len(w.Lengths.Pairs) == 0 && (r[0] < 1 || r[1] < r[0]) {
+			return fmt.Errorf("%w: lengths %v", ErrInput, r)
+		}
+	}
+	return nil
+}
+
+// request returns request i of the run: the same i gives the same prompt,
+// lengths and sampling seed on every target, so targets are compared on the
+// same work. Warm-up requests use indices after every measured one.
+func (w Workload) request(i int) route.Request {
+	rng := rand.New(rand.NewPCG(w.Seed, uint64(i)))
+	var p, o int
+	if pairs := w.Lengths.Pairs; len(pairs) > 0 {
+		pr := pairs[rng.IntN(len(pairs))]
+		p, o = pr[0], pr[1]
+	} else {
+		p = w.Lengths.Prompt[0] + rng.IntN(w.Lengths.Prompt[1]-w.Lengths.Prompt[0]+1)
+		o = w.Lengths.Output[0] + rng.IntN(w.Lengths.Output[1]-w.Lengths.Output[0]+1)
+	}
+	prompt := make([]int32, p)
+	for j := range prompt {
+		prompt[j] = int32(1 + rng.IntN(w.Vocab-1))
+	}
+	s := w.Sampling
+	s.Seed += uint64(i)
+	return route.Request{Prompt: prompt, MaxTokens: o, Sampling: s}
+}
+
+// arrivals returns the gaps between open-loop arrivals, exponentially
+// distributed with mean 1/Rate, from the workload's seed.
+func (w Workload) arrivals() func() time.Duration {
+	rng := rand.New(rand.NewPCG(w.Seed, 0xa771))
+	return func() time.Duration {
+		return time.Duration(rng.ExpFloat64() / w.Rate * float64(time.Second))
+	}
+}
