@@ -20,7 +20,7 @@ GOBIN_TOOLS := $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-
 FUZZTIME ?= 10s
 BENCHCOUNT ?= 6
 
-APT_PKGS := protobuf-compiler nlohmann-json3-dev libstb-dev
+APT_PKGS := protobuf-compiler nlohmann-json3-dev libstb-dev chromium
 
 .PHONY: all deps tools generate check-generate build test vet unit fuzz bench demo clean
 

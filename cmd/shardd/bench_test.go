@@ -1,0 +1,92 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/load"
+)
+
+// The harness as an operator runs it: it splits the tiny model, starts a
+// worker per shard and the unsplit baseline as real `shardd serve`
+// processes, loads them, writes the JSON and HTML reports, exits 0 when the
+// budget holds and 1 when it does not, and leaves no worker behind.
+func TestBenchCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds shardd and runs real workers")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "shardd")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	model := filepath.Join(dir, "tiny.gguf")
+	if err := gguf.Generate(model, gguf.Presets["tiny"]); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	holds := write("ok.yaml", "ttft.p99: 60s\nitl.p99: 10s\ngoodput: 0.5\nhop[1].exec.p50: 10s\n")
+	broken := write("bad.yaml", "itl.p50: 1us\n")
+	run := func(budget string, extra ...string) (string, int) {
+		args := append([]string{"bench", "--model", model, "--shards", "2", "--concurrency", "2", "--requests", "6",
+			"--prompt-len", "8-16", "--output-len", "8", "--budget", budget, "--quiet"}, extra...)
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+filepath.Join(dir, "cache"))
+		out, err := cmd.CombinedOutput()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), code
+	}
+	jsonPath, htmlPath := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.html")
+	out, code := run(holds, "--unsplit", "--json", jsonPath, "--html", htmlPath)
+	if code != 0 || !strings.Contains(out, "budget: all 4 limits hold") {
+		t.Fatalf("exit %d with a budget that holds:\n%s", code, out)
+	}
+	var rep load.Report
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Schema != load.Schema || len(rep.Runs) != 2 || rep.Runs[0].Target != "route" || rep.Runs[1].Target != "unsplit" {
+		t.Fatalf("report: schema %q, %d runs", rep.Schema, len(rep.Runs))
+	}
+	for _, s := range rep.Runs {
+		if s.Requests != 6 || s.Errors != 0 || s.OutputTokens != 48 || s.ITL.Count != 42 {
+			t.Errorf("%s: %d requests, %d errors, %d tokens, %d gaps", s.Label, s.Requests, s.Errors, s.OutputTokens, s.ITL.Count)
+		}
+	}
+	if len(rep.Runs[0].Hops) != 2 || len(rep.Runs[1].Hops) != 1 || rep.Medians[1].Ratio <= 0 {
+		t.Errorf("hops %d and %d, unsplit ratio %v", len(rep.Runs[0].Hops), len(rep.Runs[1].Hops), rep.Medians[1].Ratio)
+	}
+	if fi, err := os.Stat(htmlPath); err != nil || fi.Size() < 10_000 {
+		t.Errorf("HTML report: %v", err)
+	}
+
+	out, code = run(broken)
+	if code != 1 || !strings.Contains(out, "itl.p50 <= 0.001 ms") || !strings.Contains(out, "FAIL by") {
+		t.Fatalf("exit %d with a broken budget:\n%s", code, out)
+	}
+	if ps, _ := exec.Command("pgrep", "-f", bin+" serve").Output(); len(ps) > 0 {
+		t.Errorf("workers left running: %s", ps)
+	}
+}

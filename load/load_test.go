@@ -1,0 +1,303 @@
+package load
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/meshnet/shardd/backend/backendtest"
+	"github.com/meshnet/shardd/engine"
+	"github.com/meshnet/shardd/route"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// toxiproxy's links and gRPC's connections wind down after a
+		// proxy or client closes.
+		goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/stream.(*ChanReader).Read"),
+		goleak.IgnoreAnyFunction("github.com/Shopify/toxiproxy/v2.(*ToxicLink).pipe"),
+	)
+}
+
+func smallWorkload(c, requests int) Workload {
+	return Workload{Concurrency: c, Requests: requests, Warmup: 1, Seed: 7,
+		Lengths: Lengths{Prompt: [2]int{4, 4}, Output: [2]int{8, 8}}}
+}
+
+// The report recovers what the route is known to cost: every forward of
+// the fake backend takes 4 ms, and a proxy adds 3 ms each way on hop 1
+// only. With one request in flight, the head must see hop exec 4 ms (+1.5)
+// on both hops, hop 0's wire under 1.5 ms, hop 1's wire 6 ms more than
+// hop 0's (+1.5 ms for the proxy's own copies: the round trip's added
+// latency), and each inter-token gap the sum of the hops (-0.5, +1 ms).
+func TestReportRecoversKnownCosts(t *testing.T) {
+	const fwd, oneWay = 4 * time.Millisecond, 3 * time.Millisecond
+	workers := backendtest.ServeRoute(t, 2, fwd, engine.Config{})
+	addrs, px, err := StartLinks(workers, map[int]Link{1: {Latency: oneWay}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	s, err := Run(context.Background(), Target{Name: "route", Addrs: addrs, Workers: workers}, smallWorkload(1, 8), RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Requests != 8 || s.Errors != 0 || s.OutputTokens != 64 {
+		t.Fatalf("requests %d errors %d tokens %d, want 8, 0, 64", s.Requests, s.Errors, s.OutputTokens)
+	}
+	// Tolerances: a sleep overshoots by up to about a millisecond on a
+	// busy machine; loopback and the head's framing give a hop 0.3-0.9 ms
+	// of wire, the proxy's copies 0.3-0.6 ms more (measured, also under
+	// -race).
+	within := func(name string, got, lo, hi float64) {
+		t.Helper()
+		if got < lo || got > hi {
+			t.Errorf("%s = %.2f ms, want %.1f..%.1f ms", name, got, lo, hi)
+		}
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	for i, h := range s.Hops {
+		within("hop exec p50 "+string(rune('0'+i)), h.Exec.P50, ms(fwd), ms(fwd)+1.5)
+		if h.Exec.Count != 7*8 {
+			t.Errorf("hop %d: %d decode steps measured, want 56", i, h.Exec.Count)
+		}
+	}
+	within("hop 0 wire p50", s.Hops[0].Wire.P50, 0, 1.5)
+	within("hop 1 wire p50 - hop 0 wire p50", s.Hops[1].Wire.P50-s.Hops[0].Wire.P50, ms(2*oneWay), ms(2*oneWay)+1.5)
+	// A token is the two hops one after the other, plus the head's own
+	// sampling and framing.
+	hops := s.Hops[0].Exec.P50 + s.Hops[0].Wire.P50 + s.Hops[1].Exec.P50 + s.Hops[1].Wire.P50
+	within("ITL p50", s.ITL.P50, max(ms(2*fwd+2*oneWay), hops-0.5), hops+1)
+	if s.Goodput != 1 {
+		t.Errorf("goodput %v with no SLO and no errors, want 1", s.Goodput)
+	}
+}
+
+// The same route loaded twice with the same seed gets the same tokens:
+// requests are a function of the seed and their index.
+func TestRequestsRepeat(t *testing.T) {
+	w := smallWorkload(1, 4)
+	w.Vocab = 64
+	w.Lengths = Lengths{Prompt: [2]int{3, 9}, Output: [2]int{1, 5}}
+	seen := map[int]bool{}
+	for i := range 20 {
+		a, b := w.request(i), w.request(i)
+		if len(a.Prompt) != len(b.Prompt) || a.MaxTokens != b.MaxTokens || a.Sampling != b.Sampling {
+			t.Fatal("request differs between calls")
+		}
+		for j := range a.Prompt {
+			if a.Prompt[j] != b.Prompt[j] || a.Prompt[j] < 1 || a.Prompt[j] >= 64 {
+				t.Fatalf("prompt token %d", a.Prompt[j])
+			}
+		}
+		if len(a.Prompt) < 3 || len(a.Prompt) > 9 || a.MaxTokens < 1 || a.MaxTokens > 5 {
+			t.Fatalf("lengths %d, %d outside the ranges", len(a.Prompt), a.MaxTokens)
+		}
+		seen[len(a.Prompt)] = true
+	}
+	if len(seen) < 3 {
+		t.Errorf("prompt lengths drawn from 3..9 took only %d values in 20 requests", len(seen))
+	}
+}
+
+// An open loop issues about rate x duration requests.
+func TestOpenLoop(t *testing.T) {
+	workers := backendtest.ServeRoute(t, 2, time.Millisecond, engine.Config{})
+	w := smallWorkload(0, 0)
+	w.Rate, w.Duration, w.Warmup = 50, time.Second, 0
+	s, err := Run(context.Background(), Target{Name: "route", Addrs: workers, Workers: workers}, w, RunOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Poisson: 50 expected, standard deviation about 7.
+	if s.Requests < 25 || s.Requests > 80 || s.Errors != 0 {
+		t.Errorf("open loop at 50/s for 1 s: %d requests, %d errors", s.Requests, s.Errors)
+	}
+}
+
+func budgetFile(t *testing.T, name, text string) string {
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A budget passes when every limit holds and names each one that fails,
+// and by how much; YAML and TOML read alike.
+func TestBudgetGate(t *testing.T) {
+	workers := backendtest.ServeRoute(t, 2, 2*time.Millisecond, engine.Config{})
+	s, err := Run(context.Background(), Target{Name: "route", Addrs: workers, Workers: workers}, smallWorkload(2, 6), RunOptions{Label: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holds := budgetFile(t, "ok.yaml", "itl.p99: 1s\nttft:\n  p99: 2s\ngoodput: 0.5\nhop[1].exec.p50: 100ms\ntokens_per_s: 1\n")
+	broken := budgetFile(t, "bad.toml", "\"itl.p50\" = \"1ms\"\n\"hop[0].exec.p50\" = \"100ms\"\ntokens_per_s = 1e9\n")
+	for _, c := range []struct {
+		file string
+		pass bool
+		fail []string
+	}{
+		{holds, true, nil},
+		{broken, false, []string{"itl.p50", "tokens_per_s"}},
+	} {
+		b, err := ReadBudget(c.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &Report{Runs: []*Summary{s}}
+		r.Finish(b, "")
+		if r.BudgetPass != c.pass {
+			t.Errorf("%s: pass = %v, want %v: %+v", filepath.Base(c.file), r.BudgetPass, c.pass, r.Budget)
+		}
+		var failed []string
+		for _, ch := range r.Budget {
+			if !ch.Pass {
+				failed = append(failed, ch.Limit.Metric)
+				if ch.Over <= 0 {
+					t.Errorf("%s failed with no margin", ch.Limit.Metric)
+				}
+			}
+		}
+		if strings.Join(failed, ",") != strings.Join(c.fail, ",") {
+			t.Errorf("%s: failed %v, want %v", filepath.Base(c.file), failed, c.fail)
+		}
+		var out strings.Builder
+		r.WriteText(&out)
+		if !c.pass && !strings.Contains(out.String(), "FAIL by") {
+			t.Errorf("the text report does not name the failures:\n%s", out.String())
+		}
+	}
+}
+
+// Bad input gets a clear error before any load is put on anything.
+func TestBadInput(t *testing.T) {
+	workers := backendtest.ServeRoute(t, 2, time.Millisecond, engine.Config{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := lis.Addr().String()
+	lis.Close()
+	w := smallWorkload(1, 1)
+	for _, c := range []struct {
+		name  string
+		addrs []string
+		want  string
+	}{
+		{"unreachable worker", []string{workers[0], dead}, "unreachable"},
+		{"wrong layer order", []string{workers[1], workers[0]}, "starts at layer 1, the route is at 0"},
+	} {
+		_, err := Run(context.Background(), Target{Name: "route", Addrs: c.addrs}, w, RunOptions{})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err = %v, want it to say %q", c.name, err, c.want)
+		}
+	}
+	if _, err := Run(context.Background(), Target{Name: "route", Addrs: []string{workers[1], workers[0]}}, w, RunOptions{}); !errors.Is(err, route.ErrRoute) {
+		t.Errorf("wrong layer order: %v is not route.ErrRoute", err)
+	}
+
+	for _, c := range []struct{ name, text, want string }{
+		{"b.yaml", "itl.p99: 25ms\nlatency.p99: 3ms\n", `unknown metric "latency.p99"`},
+		{"b.yaml", "itl.p99: fast\n", "want a positive duration"},
+		{"b.yaml", "goodput: 95\n", "fraction"},
+		{"b.yaml", "itl.p99: [\n", "budget b.yaml"},
+		{"b.json", "{}", "want a .yaml, .yml or .toml"},
+		{"b.toml", "", "no limits"},
+	} {
+		_, err := ReadBudget(budgetFile(t, c.name, c.text))
+		if !errors.Is(err, ErrInput) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("budget %q: err = %v, want ErrInput saying %q", c.text, err, c.want)
+		}
+	}
+	for _, c := range []struct{ text, want string }{
+		{"128 64\n12\n", "line 2: want two lengths"},
+		{"128 x\n", "line 1: lengths must be positive"},
+		{"0 4\n", "positive"},
+		{"# only a comment\n", "has no lengths"},
+	} {
+		_, err := ReadLengthFile(budgetFile(t, "lengths.txt", c.text))
+		if !errors.Is(err, ErrInput) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("length file %q: err = %v, want %q", c.text, err, c.want)
+		}
+	}
+	pairs, err := ReadLengthFile(budgetFile(t, "lengths.txt", "# prompt output\n128 64\n\n32,8\n"))
+	if err != nil || len(pairs) != 2 || pairs[1] != [2]int{32, 8} {
+		t.Errorf("good length file: %v, %v", pairs, err)
+	}
+	for _, bad := range []string{"1=latency", "5=latency:1ms", "x=latency:1ms", "0=latency:-1ms", "0=bandwidth:10", "0=stall:5ms", "0=warp:9"} {
+		if _, err := ParseLinks([]string{bad}, 2); !errors.Is(err, ErrInput) {
+			t.Errorf("--link %q: err = %v, want ErrInput", bad, err)
+		}
+	}
+	links, err := ParseLinks([]string{"all=latency:5ms,jitter:1ms", "1=bandwidth:1gbit,reset:2s,stall:50ms/1s"}, 2)
+	if err != nil || links[0].Latency != 5*time.Millisecond || links[1].BandwidthKBps != 125000 || links[1].StallEvery != time.Second || links[1].Latency != 0 {
+		t.Errorf("links: %+v, %v", links, err)
+	}
+	for _, bad := range []string{"0", "5-3", "x", "-4"} {
+		if _, err := ParseRange(bad); !errors.Is(err, ErrInput) {
+			t.Errorf("length %q accepted", bad)
+		}
+	}
+	if _, err := ParseSLO("ttft=300ms,latency=3ms"); !errors.Is(err, ErrInput) {
+		t.Error("an SLO with an unknown name was accepted")
+	}
+}
+
+// The HTML report, opened in a real headless browser, has every plot laid
+// out with visible marks (the page's own check, read back from the DOM).
+func TestHTMLRendersInChromium(t *testing.T) {
+	browser, err := exec.LookPath("chromium")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("chromium is missing: make deps installs it")
+		}
+		t.Skip("chromium not installed (make deps installs it)")
+	}
+	workers := backendtest.ServeRoute(t, 2, time.Millisecond, engine.Config{})
+	rep := &Report{Schema: Schema, Started: time.Now(), Command: "test"}
+	for _, c := range []int{1, 3} {
+		s, err := Run(context.Background(), Target{Name: "route", Addrs: workers, Workers: workers}, smallWorkload(c, 6), RunOptions{Label: "c"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Stages = []map[string]Dist{{"queue": {Count: 1, P50: 0.1}, "forward": {Count: 1, P50: 1}}, {"forward": {Count: 1, P50: 2}}}
+		rep.Runs = append(rep.Runs, s)
+	}
+	rep.Finish(nil, "concurrency")
+	page := filepath.Join(t.TempDir(), "r.html")
+	if err := rep.WriteHTML(page); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", "file://"+page).Output()
+	if err != nil {
+		t.Fatalf("chromium: %v", err)
+	}
+	dom := string(out)
+	total := regexp.MustCompile(`data-plots="(\d+)"`).FindStringSubmatch(dom)
+	rendered := regexp.MustCompile(`data-plots-rendered="(\d+)"`).FindStringSubmatch(dom)
+	// TTFT CDF, ITL CDF, ITL over time, hops, stages, sweep throughput,
+	// sweep ITL.
+	if total == nil || total[1] != "7" {
+		t.Fatalf("page has %v plots, want 7", total)
+	}
+	if rendered == nil || rendered[1] != total[1] {
+		t.Fatalf("browser rendered %v of %s plots", rendered, total[1])
+	}
+	for _, id := range []string{"ttft-cdf", "itl-cdf", "itl-time", "hops", "sweep-throughput", "sweep-itl"} {
+		if !regexp.MustCompile(`id="` + id + `"[^>]*data-rendered="yes"|data-rendered="yes"[^>]*id="` + id + `"`).MatchString(dom) {
+			t.Errorf("plot %s not rendered", id)
+		}
+	}
+}
