@@ -60,8 +60,8 @@ func runBench(args []string) error {
 	threads := fs.String("threads", "1", "with --model: forward threads per worker, one value or one per worker (1,1)")
 	workerCPUs := fs.String("worker-cpus", "", "with --model: CPU set per worker, ';' between workers (0;1 or 0-1;2-3); empty: no pinning")
 	unsplit := fs.Bool("unsplit", false, "with --model: also run the whole model in one worker, as the baseline")
-	unsplitThreads := fs.Int("unsplit-threads", 1, "threads of the --unsplit worker")
-	unsplitCPUs := fs.String("unsplit-cpus", "", "CPU set of the --unsplit worker (0 or 0-1)")
+	unsplitThreads := fs.String("unsplit-threads", "1", "threads of the --unsplit worker; a list (1,2) makes one baseline per value")
+	unsplitCPUs := fs.String("unsplit-cpus", "", "CPU set of each --unsplit worker, ';' between them (0 or 0;0-1)")
 	serveArgs := fs.String("serve-args", "", "further flags for every 'shardd serve' the harness starts (space-separated)")
 	stages := fs.Bool("stages", false, "with --model: workers write spans, and the report has per-stage latency")
 	spanFiles := fs.String("span-files", "", "with --route: span files the workers write (serve --traces file:PATH, --instance = the address given in --route), for per-stage latency")
@@ -296,7 +296,7 @@ func workloadInfo(w load.Workload, levels []float64, sweepParam string, rounds, 
 // unsplit baseline's) and returns the targets; closeAll stops every
 // process it started, also after an error.
 func startTargets(ctx context.Context, model string, shards int, rangesFlag, threadsFlag, cpusFlag string, unsplit bool,
-	unsplitThreads int, unsplitCPUs, serveArgs string, stages bool, dir string, w load.Workload, levels []float64, sweepParam string,
+	unsplitThreads, unsplitCPUs, serveArgs string, stages bool, dir string, w load.Workload, levels []float64, sweepParam string,
 ) (targets []load.Target, infos []load.TargetInfo, closeAll func(), err error) {
 	var clusters []*load.Cluster
 	closeAll = func() {
@@ -335,13 +335,20 @@ func startTargets(ctx context.Context, model string, shards int, rangesFlag, thr
 	if len(cpuSets) > 0 && len(cpuSets) != len(rs) {
 		return nil, nil, closeAll, fmt.Errorf("--worker-cpus has %d sets for %d workers", len(cpuSets), len(rs))
 	}
-	var baseCPUs []int
-	if unsplitCPUs != "" {
-		sets, err := load.ParseCPUSets(unsplitCPUs)
-		if err != nil || len(sets) != 1 {
-			return nil, nil, closeAll, fmt.Errorf("--unsplit-cpus: want one CPU set, e.g. 0 or 0-1")
+	var baseThreads []int
+	for _, v := range splitList(unsplitThreads) {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return nil, nil, closeAll, fmt.Errorf("--unsplit-threads: bad value %q", v)
 		}
-		baseCPUs = sets[0]
+		baseThreads = append(baseThreads, n)
+	}
+	baseCPUs, err := load.ParseCPUSets(unsplitCPUs)
+	if err != nil {
+		return nil, nil, closeAll, err
+	}
+	if len(baseCPUs) > 0 && len(baseCPUs) != len(baseThreads) {
+		return nil, nil, closeAll, fmt.Errorf("--unsplit-cpus has %d sets for %d baselines", len(baseCPUs), len(baseThreads))
 	}
 	cache, err := os.UserCacheDir()
 	if err != nil {
@@ -379,11 +386,23 @@ func startTargets(ctx context.Context, model string, shards int, rangesFlag, thr
 	route.Addrs, route.Workers, info.Workers = c.Addrs, c.Addrs, c.Addrs
 	targets, infos = append(targets, route), append(infos, info)
 
-	if unsplit {
-		s := load.WorkerSpec{Model: model, Name: "unsplit", Threads: unsplitThreads, CPUs: baseCPUs, Args: extra}
-		base := load.Target{Name: "unsplit", SpanFlush: time.Second}
+	for i, th := range baseThreads {
+		if !unsplit {
+			break
+		}
+		name := "unsplit"
+		if len(baseThreads) > 1 {
+			name = fmt.Sprintf("unsplit-%dt", th)
+		}
+		s := load.WorkerSpec{Model: model, Name: name, Threads: th, Args: extra}
+		bi := load.TargetInfo{Name: name, Ranges: []string{fmt.Sprintf("0:%d", meta.BlockCount)}, Threads: []int{th}}
+		if len(baseCPUs) > 0 {
+			s.CPUs = baseCPUs[i]
+			bi.CPUs = []string{intsString(s.CPUs)}
+		}
+		base := load.Target{Name: name, SpanFlush: time.Second}
 		if stages {
-			s.SpanFile = filepath.Join(dir, "unsplit.spans.jsonl")
+			s.SpanFile = filepath.Join(dir, name+".spans.jsonl")
 			base.SpanFiles, base.Instances = []string{s.SpanFile}, []string{s.Name}
 		}
 		c, err := load.StartWorkers(ctx, selfPath(), dir, []load.WorkerSpec{s})
@@ -391,11 +410,7 @@ func startTargets(ctx context.Context, model string, shards int, rangesFlag, thr
 			return nil, nil, closeAll, err
 		}
 		clusters = append(clusters, c)
-		base.Addrs, base.Workers = c.Addrs, c.Addrs
-		bi := load.TargetInfo{Name: "unsplit", Workers: c.Addrs, Ranges: []string{fmt.Sprintf("0:%d", meta.BlockCount)}, Threads: []int{unsplitThreads}}
-		if len(baseCPUs) > 0 {
-			bi.CPUs = []string{intsString(baseCPUs)}
-		}
+		base.Addrs, base.Workers, bi.Workers = c.Addrs, c.Addrs, c.Addrs
 		targets, infos = append(targets, base), append(infos, bi)
 	}
 	return targets, infos, closeAll, nil
