@@ -17,9 +17,13 @@ type plot struct {
 // time, per-hop stacked bars, per-stage bars when spans were read, and the
 // sweep's curve.
 func (r *Report) plots() []plot {
-	runs := r.Runs
-	if len(runs) > len(palette) {
-		runs = runs[:len(palette)]
+	// With several rounds, the first round stands for the rest (the
+	// tables have every run and the medians).
+	var runs []*Summary
+	for _, s := range r.Runs {
+		if s.Round <= 1 && len(runs) < len(palette) {
+			runs = append(runs, s)
+		}
 	}
 	var out []plot
 	cdf := func(id, name string, get func(*Summary) Dist) {

@@ -12,7 +12,7 @@ import (
 
 const (
 	plotW, plotH           = 640, 320
-	padL, padR, padT, padB = 64, 150, 28, 44
+	padL, padR, padT, padB = 64, 150, 28, 64
 )
 
 var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"}
@@ -190,7 +190,8 @@ func stackedBars(title, ylabel string, cats []string, parts []string, values [][
 				x0, y0, bw, max(h, 0.5), palette[j%len(palette)], html.EscapeString(cat), html.EscapeString(parts[j]), v)
 			base += v
 		}
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="10" text-anchor="middle">%s</text>`, x0+bw/2, plotH-padB+14, html.EscapeString(cat))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="10" text-anchor="end" transform="rotate(-30 %.1f %d)">%s</text>`,
+			x0+bw/2, plotH-padB+12, x0+bw/2, plotH-padB+12, html.EscapeString(cat))
 	}
 	legend(&b, parts)
 	b.WriteString(`</svg>`)
