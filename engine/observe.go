@@ -45,6 +45,9 @@ type observer struct {
 	on       bool
 	tracer   trace.Tracer // nil: tracing off
 	stage    metric.Float64Histogram
+	// occupancy: rows per forward call, recorded by the scheduler (nil
+	// without metrics).
+	occupancy metric.Int64Histogram
 	errs     metric.Int64Counter
 	bytesIn  metric.Int64Counter
 	bytesOut metric.Int64Counter
@@ -105,12 +108,27 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 			}))
 	}
 	counter("shardd.evictions", "sessions evicted by budget or TTL", e.statEvictions.Load)
+	counter("shardd.gather.waits", "iterations that waited for expected decode steps (--gather-window)", e.statGathers.Load)
+	m.Float64ObservableCounter("shardd.gather.wait", metric.WithUnit("s"), metric.WithDescription("total time iterations waited for expected decode steps"),
+		metric.WithFloat64Callback(func(_ context.Context, obs metric.Float64Observer) error {
+			obs.Observe(time.Duration(e.statGatherNs.Load()).Seconds())
+			return nil
+		}))
+	o.occupancy, _ = m.Int64Histogram("shardd.batch.rows", metric.WithDescription("rows in each forward call"),
+		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512))
 	counter("shardd.preemptions", "prefill iterations stopped for a decode step", e.preemptions.Load)
 	counter("shardd.telemetry.dropped", "finished steps whose spans and stage durations were dropped: the recorder's queue was full", o.dropped.Load)
 	o.records = make(chan stepRecord, recordQueue)
 	o.wake, o.hurry = make(chan struct{}, 1), make(chan struct{}, 1)
 	o.stopRec, o.recorderDone = make(chan struct{}), make(chan struct{})
 	go o.runRecorder()
+}
+
+// recordOccupancy records one forward call's rows.
+func (o *observer) recordOccupancy(rows int) {
+	if o.occupancy != nil {
+		o.occupancy.Record(context.Background(), int64(rows))
+	}
 }
 
 // sessionContext returns the context a stream's spans hang from: a server
