@@ -18,9 +18,17 @@ type Config struct {
 	// MaxQueue: work items queued or running across all streams; more is
 	// RESOURCE_EXHAUSTED.
 	MaxQueue int
-	// IterationTokens: the token budget of one scheduler iteration while a
-	// decode step waits: decode rows first, prefill tokens fill the rest.
+	// IterationTokens: the least token budget of one scheduler iteration
+	// while a decode step waits: decode rows first, prefill tokens fill
+	// the rest. The decode budget (below) usually grants more.
 	IterationTokens int
+	// DecodeBudget: the time an iteration that carries decode rows may
+	// take. Decode rows go first; prefill tokens are added while the cost
+	// model (forward time against rows, measured online) predicts the
+	// forward stays within it. 0: 1.5x the predicted time of the decode
+	// rows alone, so prefill may slow a decode step by half. Negative: no
+	// time budget, IterationTokens only.
+	DecodeBudget time.Duration
 	// PrefillIterationTokens: the budget of a prefill-only iteration while no
 	// session is decoding. Larger is better prefill throughput.
 	PrefillIterationTokens int

@@ -55,6 +55,9 @@ type Engine struct {
 	statResults   atomic.Int64 // bytes held by the results cache
 	statGathers   atomic.Int64 // iterations that waited for expected decode steps
 	statGatherNs  atomic.Int64 // their total wait
+	// The cost model (seconds, float64 bits) and the decode budget's record.
+	statCostBase, statCostRow      atomic.Uint64
+	statBudgetRuns, statBudgetHits atomic.Int64
 
 	obs observer
 

@@ -108,6 +108,10 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 			}))
 	}
 	counter("shardd.evictions", "sessions evicted by budget or TTL", e.statEvictions.Load)
+	gauge("shardd.cost.base", "cost model: fixed seconds of a forward", func() float64 { return math.Float64frombits(e.statCostBase.Load()) })
+	gauge("shardd.cost.per_row", "cost model: seconds per batch row", func() float64 { return math.Float64frombits(e.statCostRow.Load()) })
+	counter("shardd.decode_budget.iterations", "iterations with decode rows under a decode budget", e.statBudgetRuns.Load)
+	counter("shardd.decode_budget.kept", "of those, iterations whose forward kept the budget", e.statBudgetHits.Load)
 	counter("shardd.gather.waits", "iterations that waited for expected decode steps (--gather-window)", e.statGathers.Load)
 	m.Float64ObservableCounter("shardd.gather.wait", metric.WithUnit("s"), metric.WithDescription("total time iterations waited for expected decode steps"),
 		metric.WithFloat64Callback(func(_ context.Context, obs metric.Float64Observer) error {

@@ -33,7 +33,15 @@ type scheduler struct {
 	// it, prefill-only iterations stay small too, so a decode step that
 	// arrives between steps never waits behind a long prefill iteration.
 	lastDecode time.Time
-	gather     gatherer
+	// lastDecodeRows is how many decode rows that iteration had: the
+	// prefill-only iterations within DecodeQuiet after it are kept to the
+	// prefill share an iteration with those rows would have.
+	lastDecodeRows int
+	cost           costModel
+	// budgetRuns and budgetHits count iterations with decode rows and
+	// those whose forward kept the decode budget.
+	budgetRuns, budgetHits int64
+	gather                 gatherer
 	gatherTm   *time.Timer // reused by waitForDecodes
 }
 
@@ -130,6 +138,19 @@ func (s *scheduler) runOp(op func()) {
 	op()
 }
 
+// decodeBudget is the time an iteration with rows decode rows may take (0
+// while the cost model is not ready, or with no time budget).
+func (s *scheduler) decodeBudget(rows int) time.Duration {
+	if b := s.e.cfg.DecodeBudget; b != 0 {
+		return max(b, 0)
+	}
+	t, ok := s.cost.predict(rows)
+	if !ok {
+		return 0
+	}
+	return t * 3 / 2
+}
+
 // waitForDecodes holds an iteration that has decode steps ready while the
 // gatherer expects more within its window, taking in what arrives.
 func (s *scheduler) waitForDecodes() {
@@ -224,11 +245,20 @@ func (s *scheduler) iterate() {
 	}
 	now := time.Now()
 	budget := e.cfg.PrefillIterationTokens
+	var limit time.Duration // the iteration's time budget, when it has one
 	switch {
 	case len(decodes) > 0:
-		budget, s.lastDecode = e.cfg.IterationTokens, now
+		rows := 0
+		for _, q := range decodes {
+			rows += q.items[0].tokens - q.items[0].done
+		}
+		s.lastDecode, s.lastDecodeRows = now, rows
+		limit = s.decodeBudget(rows)
+		budget = rows + max(e.cfg.IterationTokens-rows, s.cost.fit(rows, limit))
 	case now.Sub(s.lastDecode) < e.cfg.DecodeQuiet:
-		budget = e.cfg.IterationTokens
+		// A decode step is likely on its way: give prefill no more than it
+		// would get beside it.
+		budget = max(e.cfg.IterationTokens, s.cost.fit(s.lastDecodeRows, s.decodeBudget(s.lastDecodeRows)))
 	}
 	budget = min(budget, e.info.MaxBatch)
 
@@ -279,8 +309,18 @@ func (s *scheduler) iterate() {
 	} else {
 		err = e.be.Forward(s.batch, &s.out)
 	}
-	if len(decodes) > 0 && err == nil {
-		s.gather.fwd.add(time.Since(fwdStart))
+	if err == nil {
+		took := time.Since(fwdStart)
+		s.cost.add(rows, took)
+		if len(decodes) > 0 {
+			s.gather.fwd.add(took)
+			if limit > 0 {
+				s.budgetRuns++
+				if took <= limit {
+					s.budgetHits++
+				}
+			}
+		}
 	}
 	s.publish(rows)
 	switch {
@@ -672,6 +712,12 @@ func (s *scheduler) publish(rows int) {
 	e.statPressure.Store(math.Float64bits(s.store.Pressure()))
 	e.statResults.Store(s.results.Cost())
 	e.statGathers.Store(s.gather.waits)
+	e.statBudgetRuns.Store(s.budgetRuns)
+	e.statBudgetHits.Store(s.budgetHits)
+	if base, perRow, ok := s.cost.coef(); ok {
+		e.statCostBase.Store(math.Float64bits(base))
+		e.statCostRow.Store(math.Float64bits(perRow))
+	}
 	e.statGatherNs.Store(int64(s.gather.waited))
 	if rows > 0 {
 		e.obs.recordOccupancy(rows)

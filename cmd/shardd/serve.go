@@ -40,7 +40,8 @@ func runServe(args []string) error {
 	sessions := fs.Int("max-sessions", 16, "route sessions holding KV state at once (<= 255)")
 	ctxTokens := fs.Int("ctx-tokens", 0, "KV capacity in tokens shared by all sessions (0: the model's context length)")
 	batch := fs.Int("max-batch", 256, "most token rows in one forward call")
-	iterTokens := fs.Int("iteration-tokens", 4, "token budget of an iteration while sessions are decoding (decode steps first, prefill fills the rest)")
+	iterTokens := fs.Int("iteration-tokens", 4, "least token budget of an iteration while sessions are decoding (decode steps first, prefill fills the rest); --decode-budget usually grants more")
+	decodeBudget := fs.Duration("decode-budget", 0, "time an iteration carrying decode steps may take; prefill tokens are added while the measured cost model predicts it holds (0: 1.5x the decode rows' own predicted time; negative: --iteration-tokens only)")
 	prefillTokens := fs.Int("prefill-iteration-tokens", 128, "token budget of a prefill-only iteration while no session is decoding")
 	decodeQuiet := fs.Duration("decode-quiet", 250*time.Millisecond, "how long after a decode step iterations stay at --iteration-tokens")
 	gather := fs.Duration("gather-window", 2*time.Millisecond, "how long an iteration with decode steps ready may wait for the decode steps expected right after them, so concurrent sessions share one forward (never more than half a decode forward; 0: never wait)")
@@ -116,7 +117,7 @@ func runServe(args []string) error {
 
 	eng := engine.New(engine.Config{
 		MaxSessions: *sessions, SessionTTL: *ttl, MaxQueue: *queue,
-		IterationTokens: *iterTokens, PrefillIterationTokens: *prefillTokens, DecodeQuiet: *decodeQuiet, GatherWindow: gatherWindow(*gather),
+		IterationTokens: *iterTokens, PrefillIterationTokens: *prefillTokens, DecodeQuiet: *decodeQuiet, DecodeBudget: *decodeBudget, GatherWindow: gatherWindow(*gather),
 		MaxInflightChunks: uint32(*inflight), MaxChunkBytes: *chunkBytes, MaxPrefillChunkTokens: uint32(*chunkTokens),
 		RequireChecksum: *requireCRC, Boundary: bd, Version: version, ResultsCacheBytes: *resultsBytes,
 		TracerProvider: tel.TracerProvider(), MeterProvider: tel.Meter,

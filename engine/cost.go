@@ -1,0 +1,72 @@
+package engine
+
+import (
+	"math"
+	"time"
+)
+
+// costModel predicts a forward's time from the rows in its batch,
+// t = base + perRow x rows, fitted online by least squares over recent
+// forwards (each older sample weighs 2% less per new one). The scheduler
+// feeds it every forward and asks it how many prefill tokens fit beside an
+// iteration's decode rows within the decode budget.
+type costModel struct {
+	sw, sx, sy, sxx, sxy float64 // weighted sums of 1, rows, seconds, rows², rows x seconds
+	n                    int
+}
+
+const (
+	costForget  = 0.98
+	costMinRuns = 8 // forwards before the model is trusted
+)
+
+func (m *costModel) add(rows int, d time.Duration) {
+	x, y := float64(rows), d.Seconds()
+	m.sw = m.sw*costForget + 1
+	m.sx = m.sx*costForget + x
+	m.sy = m.sy*costForget + y
+	m.sxx = m.sxx*costForget + x*x
+	m.sxy = m.sxy*costForget + x*y
+	m.n++
+}
+
+// coef returns the fitted base and per-row cost in seconds. With too little
+// spread in the batch sizes seen so far it attributes all time per row.
+func (m *costModel) coef() (base, perRow float64, ok bool) {
+	if m.n < costMinRuns || m.sx == 0 {
+		return 0, 0, false
+	}
+	det := m.sw*m.sxx - m.sx*m.sx
+	if det > 1e-9*m.sw*m.sxx {
+		perRow = (m.sw*m.sxy - m.sx*m.sy) / det
+		base = (m.sy - perRow*m.sx) / m.sw
+	}
+	if perRow <= 0 || base < 0 {
+		// Not enough spread (or noise): the mean time per row.
+		base, perRow = 0, m.sy/m.sx
+	}
+	return base, perRow, true
+}
+
+// predict is the expected time of a forward of rows rows.
+func (m *costModel) predict(rows int) (time.Duration, bool) {
+	base, perRow, ok := m.coef()
+	if !ok {
+		return 0, false
+	}
+	return time.Duration((base + perRow*float64(rows)) * float64(time.Second)), true
+}
+
+// fit returns how many rows can be added to a forward of rows rows without
+// its predicted time passing budget (0 when none or the model is not ready).
+func (m *costModel) fit(rows int, budget time.Duration) int {
+	base, perRow, ok := m.coef()
+	if !ok || perRow <= 0 {
+		return 0
+	}
+	extra := (budget.Seconds() - base - perRow*float64(rows)) / perRow
+	if extra < 1 || math.IsNaN(extra) {
+		return 0
+	}
+	return int(min(extra, 1<<20))
+}
