@@ -37,11 +37,6 @@ type Config struct {
 	// decode step is likely on its way and must not wait behind a long
 	// iteration. Cover the time a step takes to come back around the route.
 	DecodeQuiet time.Duration
-	// GatherWindow bounds how long an iteration with decode steps ready
-	// waits for the decode steps expected right after them, so that
-	// concurrent sessions share one forward (see gatherer). It never
-	// exceeds half a decode forward. 0: 2 ms; negative: never wait.
-	GatherWindow time.Duration
 	// Flow control this worker offers; a session gets the smaller of these
 	// and what the initiator proposes.
 	MaxInflightChunks     uint32
@@ -78,9 +73,6 @@ func (c Config) Defaults() Config {
 	set(&c.PrefillIterationTokens, 128)
 	if c.DecodeQuiet == 0 {
 		c.DecodeQuiet = 250 * time.Millisecond
-	}
-	if c.GatherWindow == 0 {
-		c.GatherWindow = 2 * time.Millisecond
 	}
 	if c.SessionTTL == 0 {
 		c.SessionTTL = 10 * time.Minute

@@ -53,8 +53,6 @@ type Engine struct {
 	preemptions   atomic.Int64  // prefill iterations stopped for a decode step
 	statEvictions atomic.Int64
 	statResults   atomic.Int64 // bytes held by the results cache
-	statGathers   atomic.Int64 // iterations that waited for expected decode steps
-	statGatherNs  atomic.Int64 // their total wait
 	// The cost model (seconds, float64 bits) and the decode budget's record.
 	statCostBase, statCostRow      atomic.Uint64
 	statBudgetRuns, statBudgetHits atomic.Int64

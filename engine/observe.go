@@ -42,15 +42,15 @@ type timings struct {
 // observer holds the engine's tracer and instruments. With neither tracing
 // nor metrics configured, on is false and nothing is timed or recorded.
 type observer struct {
-	on       bool
-	tracer   trace.Tracer // nil: tracing off
-	stage    metric.Float64Histogram
+	on     bool
+	tracer trace.Tracer // nil: tracing off
+	stage  metric.Float64Histogram
 	// occupancy: rows per forward call, recorded by the scheduler (nil
 	// without metrics).
 	occupancy metric.Int64Histogram
-	errs     metric.Int64Counter
-	bytesIn  metric.Int64Counter
-	bytesOut metric.Int64Counter
+	errs      metric.Int64Counter
+	bytesIn   metric.Int64Counter
+	bytesOut  metric.Int64Counter
 	// stageOpt holds each stage's attribute set, made once: recording with
 	// a fresh attribute per call would allocate on every step.
 	stageOpt map[string][]metric.RecordOption
@@ -112,12 +112,6 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	gauge("shardd.cost.per_row", "cost model: seconds per batch row", func() float64 { return math.Float64frombits(e.statCostRow.Load()) })
 	counter("shardd.decode_budget.iterations", "iterations with decode rows under a decode budget", e.statBudgetRuns.Load)
 	counter("shardd.decode_budget.kept", "of those, iterations whose forward kept the budget", e.statBudgetHits.Load)
-	counter("shardd.gather.waits", "iterations that waited for expected decode steps (--gather-window)", e.statGathers.Load)
-	m.Float64ObservableCounter("shardd.gather.wait", metric.WithUnit("s"), metric.WithDescription("total time iterations waited for expected decode steps"),
-		metric.WithFloat64Callback(func(_ context.Context, obs metric.Float64Observer) error {
-			obs.Observe(time.Duration(e.statGatherNs.Load()).Seconds())
-			return nil
-		}))
 	o.occupancy, _ = m.Int64Histogram("shardd.batch.rows", metric.WithDescription("rows in each forward call"),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512))
 	counter("shardd.preemptions", "prefill iterations stopped for a decode step", e.preemptions.Load)

@@ -41,8 +41,6 @@ type scheduler struct {
 	// budgetRuns and budgetHits count iterations with decode rows and
 	// those whose forward kept the decode budget.
 	budgetRuns, budgetHits int64
-	gather                 gatherer
-	gatherTm   *time.Timer // reused by waitForDecodes
 }
 
 type sessQueue struct {
@@ -65,9 +63,6 @@ func (s *scheduler) init(e *Engine) error {
 		TTL:         e.cfg.SessionTTL,
 	}, func(seq int) { e.be.SeqTrim(seq, 0) }, time.Now)
 	s.results = newResultsCache(e.cfg.ResultsCacheBytes)
-	s.gather = newGatherer(max(e.cfg.GatherWindow, 0))
-	s.gatherTm = time.NewTimer(time.Hour)
-	s.gatherTm.Stop()
 	s.queues = map[string]*sessQueue{}
 	b, err := e.be.NewBatch()
 	s.batch = b
@@ -111,7 +106,6 @@ func (s *scheduler) run() {
 			}
 		}
 		if s.pending > 0 && s.batch != nil {
-			s.waitForDecodes()
 			s.iterate()
 		}
 	}
@@ -151,50 +145,7 @@ func (s *scheduler) decodeBudget(rows int) time.Duration {
 	return t * 3 / 2
 }
 
-// waitForDecodes holds an iteration that has decode steps ready while the
-// gatherer expects more within its window, taking in what arrives.
-func (s *scheduler) waitForDecodes() {
-	var oldest time.Time
-	for _, q := range s.ring {
-		if w := q.items[0]; w.mode == shardv1.CacheMode_CACHE_MODE_DECODE && (oldest.IsZero() || w.enqueued.Before(oldest)) {
-			oldest = w.enqueued
-		}
-	}
-	if oldest.IsZero() {
-		return
-	}
-	now := time.Now()
-	end, wait := s.gather.deadline(oldest, now)
-	if !wait {
-		return
-	}
-	e := s.e
-	s.gatherTm.Reset(end.Sub(now))
-	defer s.gatherTm.Stop()
-	s.gather.waits++
-	defer func() { s.gather.waited += time.Since(now) }()
-	for {
-		select {
-		case w := <-e.submitQ:
-			s.enqueue(w)
-		case op := <-e.control:
-			s.runOp(op)
-		case <-s.gatherTm.C:
-			return
-		case <-e.stop:
-			return
-		}
-		if !s.gather.due(end, time.Now()) {
-			return
-		}
-	}
-}
-
 func (s *scheduler) enqueue(w *work) {
-	w.enqueued = time.Now()
-	if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE {
-		s.gather.arrived(w.st.id, w.enqueued)
-	}
 	q := s.queues[w.st.id]
 	if q == nil {
 		q = &sessQueue{id: w.st.id}
@@ -312,13 +263,10 @@ func (s *scheduler) iterate() {
 	if err == nil {
 		took := time.Since(fwdStart)
 		s.cost.add(rows, took)
-		if len(decodes) > 0 {
-			s.gather.fwd.add(took)
-			if limit > 0 {
-				s.budgetRuns++
-				if took <= limit {
-					s.budgetHits++
-				}
+		if limit > 0 {
+			s.budgetRuns++
+			if took <= limit {
+				s.budgetHits++
 			}
 		}
 	}
@@ -428,9 +376,6 @@ func (s *scheduler) outBytes(w *work) int {
 func (s *scheduler) complete(w *work) {
 	e := s.e
 	now := time.Now()
-	if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE || (w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL && w.final) {
-		s.gather.completed(w.st.id, now)
-	}
 	w.releaseInput()
 	r := &result{
 		workID: w.workID, session: w.st.id, step: w.step, epoch: w.epoch,
@@ -696,7 +641,6 @@ func (s *scheduler) dropQueue(q *sessQueue) {
 // release cancels id's queued work and drops its state.
 func (s *scheduler) release(id string, epoch uint64) (bool, error) {
 	s.cancel(id, epoch, "")
-	s.gather.forget(id)
 	released, err := s.store.Release(id, epoch)
 	s.publish(0)
 	return released, err
@@ -711,14 +655,12 @@ func (s *scheduler) publish(rows int) {
 	e.statEvictions.Store(int64(s.store.Evictions))
 	e.statPressure.Store(math.Float64bits(s.store.Pressure()))
 	e.statResults.Store(s.results.Cost())
-	e.statGathers.Store(s.gather.waits)
 	e.statBudgetRuns.Store(s.budgetRuns)
 	e.statBudgetHits.Store(s.budgetHits)
 	if base, perRow, ok := s.cost.coef(); ok {
 		e.statCostBase.Store(math.Float64bits(base))
 		e.statCostRow.Store(math.Float64bits(perRow))
 	}
-	e.statGatherNs.Store(int64(s.gather.waited))
 	if rows > 0 {
 		e.obs.recordOccupancy(rows)
 	}

@@ -49,7 +49,6 @@ type work struct {
 	outPos   []int32       // output_positions (absolute), owned copy; nil: last row only
 
 	// --- scheduler ---
-	enqueued time.Time // when the scheduler took it in
 	admitted bool
 	sess     *kvcache.Session
 	seq      int

@@ -44,7 +44,6 @@ func runServe(args []string) error {
 	decodeBudget := fs.Duration("decode-budget", 0, "time an iteration carrying decode steps may take; prefill tokens are added while the measured cost model predicts it holds (0: 1.5x the decode rows' own predicted time; negative: --iteration-tokens only)")
 	prefillTokens := fs.Int("prefill-iteration-tokens", 128, "token budget of a prefill-only iteration while no session is decoding")
 	decodeQuiet := fs.Duration("decode-quiet", 250*time.Millisecond, "how long after a decode step iterations stay at --iteration-tokens")
-	gather := fs.Duration("gather-window", 2*time.Millisecond, "how long an iteration with decode steps ready may wait for the decode steps expected right after them, so concurrent sessions share one forward (never more than half a decode forward; 0: never wait)")
 	queue := fs.Int("max-queue", 256, "work items queued across all sessions before RESOURCE_EXHAUSTED")
 	inflight := fs.Uint("max-inflight", 8, "un-acked chunks one session may have outstanding")
 	chunkBytes := fs.Uint64("max-chunk-bytes", 8<<20, "largest serialized chunk message")
@@ -117,7 +116,7 @@ func runServe(args []string) error {
 
 	eng := engine.New(engine.Config{
 		MaxSessions: *sessions, SessionTTL: *ttl, MaxQueue: *queue,
-		IterationTokens: *iterTokens, PrefillIterationTokens: *prefillTokens, DecodeQuiet: *decodeQuiet, DecodeBudget: *decodeBudget, GatherWindow: gatherWindow(*gather),
+		IterationTokens: *iterTokens, PrefillIterationTokens: *prefillTokens, DecodeQuiet: *decodeQuiet, DecodeBudget: *decodeBudget,
 		MaxInflightChunks: uint32(*inflight), MaxChunkBytes: *chunkBytes, MaxPrefillChunkTokens: uint32(*chunkTokens),
 		RequireChecksum: *requireCRC, Boundary: bd, Version: version, ResultsCacheBytes: *resultsBytes,
 		TracerProvider: tel.TracerProvider(), MeterProvider: tel.Meter,
@@ -175,15 +174,6 @@ func runServe(args []string) error {
 	}
 	log.Info("stopped")
 	return nil
-}
-
-// gatherWindow maps --gather-window to engine.Config (0 there is the
-// default; negative never waits).
-func gatherWindow(d time.Duration) time.Duration {
-	if d <= 0 {
-		return -1
-	}
-	return d
 }
 
 func newLogger(level string) (*slog.Logger, error) {
