@@ -134,6 +134,15 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 	if v := os.Getenv("SHARDD_BENCH_ITERATION_TOKENS"); v != "" {
 		fmt.Sscan(v, &iterTokens)
 	}
+	// SHARDD_BENCH_DECODE_BUDGET=-1ms runs without the decode budget (the
+	// scheduler before issue 16); unset is the engine's default.
+	var decodeBudget time.Duration
+	if v := os.Getenv("SHARDD_BENCH_DECODE_BUDGET"); v != "" {
+		var err error
+		if decodeBudget, err = time.ParseDuration(v); err != nil {
+			b.Fatal(err)
+		}
+	}
 	for _, load := range []int{0, 4} {
 		b.Run(fmt.Sprintf("prefilling=%d", load), func(b *testing.B) {
 			meta, err := gguf.Read(model)
@@ -145,7 +154,7 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer be.Close()
-			eng := engine.New(engine.Config{MaxSessions: 7, IterationTokens: iterTokens}, be, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			eng := engine.New(engine.Config{MaxSessions: 7, IterationTokens: iterTokens, DecodeBudget: decodeBudget}, be, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			defer eng.Close()
 			lis, _ := net.Listen("tcp", "127.0.0.1:0")
 			srv := grpc.NewServer(eng.ServerOptions()...)

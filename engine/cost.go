@@ -8,8 +8,11 @@ import (
 // costModel predicts a forward's time from the rows in its batch,
 // t = base + perRow x rows, fitted online by least squares over recent
 // forwards (each older sample weighs 2% less per new one). The scheduler
-// feeds it every forward and asks it how many prefill tokens fit beside an
-// iteration's decode rows within the decode budget.
+// feeds it the forwards of up to costMaxRows rows (a CPU forward is far
+// cheaper per row in large batches, so large prefill-only forwards would
+// bend the line away from the small batches it decides about) and asks it
+// how many prefill tokens fit beside an iteration's decode rows within the
+// decode budget.
 type costModel struct {
 	sw, sx, sy, sxx, sxy float64 // weighted sums of 1, rows, seconds, rows², rows x seconds
 	n                    int
@@ -17,7 +20,8 @@ type costModel struct {
 
 const (
 	costForget  = 0.98
-	costMinRuns = 8 // forwards before the model is trusted
+	costMinRuns = 8  // forwards before the model is trusted
+	costMaxRows = 64 // larger forwards are not fed to the model
 )
 
 func (m *costModel) add(rows int, d time.Duration) {
@@ -69,4 +73,19 @@ func (m *costModel) fit(rows int, budget time.Duration) int {
 		return 0
 	}
 	return int(min(extra, 1<<20))
+}
+
+// ewma is an exponentially weighted moving average of durations (a new
+// sample weighs 1/8).
+type ewma struct {
+	v  time.Duration
+	ok bool
+}
+
+func (a *ewma) add(d time.Duration) {
+	if !a.ok {
+		a.v, a.ok = d, true
+		return
+	}
+	a.v += (d - a.v) / 8
 }

@@ -38,6 +38,13 @@ type scheduler struct {
 	// prefill share an iteration with those rows would have.
 	lastDecodeRows int
 	cost           costModel
+	// decodeOnly is the last forwards with decode rows and no prefill
+	// rows: their time anchors the decode budget (the model's line is
+	// only used to adjust it for another row count). sinceDecodeOnly
+	// counts decode iterations since one ran; every decodeAnchorEvery-th
+	// runs without prefill to keep the anchor fresh.
+	decodeOnly      struct{ t, rows ewma }
+	sinceDecodeOnly int
 	// budgetRuns and budgetHits count iterations with decode rows and
 	// those whose forward kept the decode budget.
 	budgetRuns, budgetHits int64
@@ -132,17 +139,26 @@ func (s *scheduler) runOp(op func()) {
 	op()
 }
 
+// decodeAnchorEvery: one decode iteration in this many runs without
+// prefill rows, so the decode budget's anchor stays measured.
+const decodeAnchorEvery = 32
+
 // decodeBudget is the time an iteration with rows decode rows may take (0
-// while the cost model is not ready, or with no time budget).
+// while it cannot be known yet, or with no time budget): the set budget,
+// or 1.5x the measured time of the decode rows alone (moved along the
+// cost model's line when the row count differs).
 func (s *scheduler) decodeBudget(rows int) time.Duration {
 	if b := s.e.cfg.DecodeBudget; b != 0 {
 		return max(b, 0)
 	}
-	t, ok := s.cost.predict(rows)
-	if !ok {
+	if !s.decodeOnly.t.ok {
 		return 0
 	}
-	return t * 3 / 2
+	t := s.decodeOnly.t.v
+	if _, perRow, ok := s.cost.coef(); ok {
+		t += time.Duration(perRow * float64(rows-int(s.decodeOnly.rows.v)) * float64(time.Second))
+	}
+	return max(t, 0) * 3 / 2
 }
 
 func (s *scheduler) enqueue(w *work) {
@@ -206,6 +222,9 @@ func (s *scheduler) iterate() {
 		s.lastDecode, s.lastDecodeRows = now, rows
 		limit = s.decodeBudget(rows)
 		budget = rows + max(e.cfg.IterationTokens-rows, s.cost.fit(rows, limit))
+		if s.sinceDecodeOnly >= decodeAnchorEvery && e.cfg.DecodeBudget == 0 {
+			budget = rows // measure the decode rows alone now and then
+		}
 	case now.Sub(s.lastDecode) < e.cfg.DecodeQuiet:
 		// A decode step is likely on its way: give prefill no more than it
 		// would get beside it.
@@ -262,7 +281,17 @@ func (s *scheduler) iterate() {
 	}
 	if err == nil {
 		took := time.Since(fwdStart)
-		s.cost.add(rows, took)
+		if rows <= costMaxRows {
+			s.cost.add(rows, took)
+		}
+		if len(decodes) > 0 {
+			s.sinceDecodeOnly++
+			if rows == s.lastDecodeRows {
+				s.sinceDecodeOnly = 0
+				s.decodeOnly.t.add(took)
+				s.decodeOnly.rows.add(time.Duration(rows))
+			}
+		}
 		if limit > 0 {
 			s.budgetRuns++
 			if took <= limit {
