@@ -23,7 +23,11 @@ func TestBenchCommand(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "shardd")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	build := []string{"build", "-o", bin}
+	if raceBuild {
+		build = append(build, "-race", "-tags", "invariants")
+	}
+	if out, err := exec.Command("go", append(build, ".")...).CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	model := filepath.Join(dir, "tiny.gguf")
