@@ -24,7 +24,8 @@ type Link struct {
 	Latency, Jitter time.Duration
 	// BandwidthKBps caps each direction (kilobytes per second; 0: none).
 	BandwidthKBps int64
-	// Every ResetEvery, the connections are reset (TCP RST) once.
+	// Every ResetEvery, every connection through the link is closed
+	// mid-stream once (the proxy stops and listens again).
 	ResetEvery time.Duration
 	// Every StallEvery, data entering the link in the next StallFor is
 	// held StallFor before it goes on.
@@ -155,7 +156,7 @@ func StartLinks(workers []string, links map[int]Link) ([]string, *Proxies, error
 			}
 		}
 		if l.ResetEvery > 0 {
-			px.every(l.ResetEvery, 20*time.Millisecond, p, "reset", "reset_peer", `{"timeout":0}`)
+			px.resets(l.ResetEvery, p)
 		}
 		if l.StallEvery > 0 {
 			px.every(l.StallEvery, l.StallFor, p, "stall", "latency", fmt.Sprintf(`{"latency":%d}`, l.StallFor.Milliseconds()))
@@ -192,6 +193,28 @@ func (px *Proxies) every(period, window time.Duration, p *toxiproxy.Proxy, name,
 			case <-time.After(window):
 			}
 			p.Toxics.RemoveToxic(context.Background(), name)
+		}
+	})
+}
+
+// resets drops every connection through p once per period: the proxy
+// stops (closing its connections mid-stream) and listens again on the
+// same address. (Toxiproxy's reset_peer toxic, added and removed while
+// links are live, can wedge a link for good, so it is not used.)
+func (px *Proxies) resets(period time.Duration, p *toxiproxy.Proxy) {
+	px.wg.Go(func() {
+		tk := time.NewTicker(period)
+		defer tk.Stop()
+		for {
+			select {
+			case <-px.stop:
+				return
+			case <-tk.C:
+			}
+			p.Stop()
+			if err := p.Start(); err != nil {
+				return
+			}
 		}
 	})
 }

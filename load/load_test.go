@@ -37,8 +37,9 @@ func smallWorkload(c, requests int) Workload {
 // the fake backend takes 4 ms, and a proxy adds 3 ms each way on hop 1
 // only. With one request in flight, the head must see hop exec 4 ms (+1.5)
 // on both hops, hop 0's wire under 1.5 ms, hop 1's wire 6 ms more than
-// hop 0's (+1.5 ms for the proxy's own copies: the round trip's added
-// latency), and each inter-token gap the sum of the hops (-0.5, +1 ms).
+// hop 0's (+2 ms for the proxy's own copies: the round trip's added
+// latency), and each inter-token gap the sum of the hops (-0.5, +2 ms for
+// the head's own sampling and framing, on a busy machine).
 func TestReportRecoversKnownCosts(t *testing.T) {
 	const fwd, oneWay = 4 * time.Millisecond, 3 * time.Millisecond
 	workers := backendtest.ServeRoute(t, 2, fwd, engine.Config{})
@@ -72,11 +73,11 @@ func TestReportRecoversKnownCosts(t *testing.T) {
 		}
 	}
 	within("hop 0 wire p50", s.Hops[0].Wire.P50, 0, 1.5)
-	within("hop 1 wire p50 - hop 0 wire p50", s.Hops[1].Wire.P50-s.Hops[0].Wire.P50, ms(2*oneWay), ms(2*oneWay)+1.5)
+	within("hop 1 wire p50 - hop 0 wire p50", s.Hops[1].Wire.P50-s.Hops[0].Wire.P50, ms(2*oneWay), ms(2*oneWay)+2)
 	// A token is the two hops one after the other, plus the head's own
 	// sampling and framing.
 	hops := s.Hops[0].Exec.P50 + s.Hops[0].Wire.P50 + s.Hops[1].Exec.P50 + s.Hops[1].Wire.P50
-	within("ITL p50", s.ITL.P50, max(ms(2*fwd+2*oneWay), hops-0.5), hops+1)
+	within("ITL p50", s.ITL.P50, max(ms(2*fwd+2*oneWay), hops-0.5), hops+2)
 	if s.Goodput != 1 {
 		t.Errorf("goodput %v with no SLO and no errors, want 1", s.Goodput)
 	}
@@ -111,7 +112,9 @@ func TestRequestsRepeat(t *testing.T) {
 
 // An open loop issues about rate x duration requests.
 func TestOpenLoop(t *testing.T) {
-	workers := backendtest.ServeRoute(t, 2, time.Millisecond, engine.Config{})
+	// Poisson bursts (and a slow -race build) can have more than the
+	// default 16 sessions in flight.
+	workers := backendtest.ServeRoute(t, 2, time.Millisecond, engine.Config{MaxSessions: 60})
 	w := smallWorkload(0, 0)
 	w.Rate, w.Duration, w.Warmup = 50, time.Second, 0
 	s, err := Run(context.Background(), Target{Name: "route", Addrs: workers, Workers: workers}, w, RunOptions{})
@@ -120,7 +123,7 @@ func TestOpenLoop(t *testing.T) {
 	}
 	// Poisson: 50 expected, standard deviation about 7.
 	if s.Requests < 25 || s.Requests > 80 || s.Errors != 0 {
-		t.Errorf("open loop at 50/s for 1 s: %d requests, %d errors", s.Requests, s.Errors)
+		t.Errorf("open loop at 50/s for 1 s: %d requests, %d errors %v", s.Requests, s.Errors, s.ErrorsByCode)
 	}
 }
 

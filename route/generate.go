@@ -81,6 +81,11 @@ type hopStream struct {
 	// lazyAck: the granted window allows a second un-acked step, so Acks
 	// may be read late.
 	lazyAck bool
+	// watchdog cancels the stream when an exchange (or the drain at the
+	// end) outlasts its bound: a hop whose connection wedges without
+	// closing fails the step, which is then resent on a fresh stream,
+	// instead of holding the generation forever. Armed per exchange.
+	watchdog *time.Timer
 	// last is the latest step whose output arrived, for Options.Observe:
 	// its wall time waits here for its Ack's execution time.
 	last struct {
@@ -207,6 +212,7 @@ func (g *gen) chunkSize() int {
 // open (re)opens hop i's stream.
 func (g *gen) open(i int) error {
 	if old := g.streams[i]; old != nil {
+		old.watchdog.Stop()
 		old.cancel()
 	}
 	h := g.r.Hops[i]
@@ -252,9 +258,14 @@ func (g *gen) open(i int) error {
 	}
 	fc := a.FlowControl
 	g.streams[i] = &hopStream{hop: h, stream: stream, cancel: cancel, limits: fc,
-		lazyAck: fc.GetCreditsGranted() >= 2 && fc.GetMaxInflightChunks() >= 2}
+		lazyAck: fc.GetCreditsGranted() >= 2 && fc.GetMaxInflightChunks() >= 2, watchdog: time.AfterFunc(time.Hour, cancel)}
+	g.streams[i].watchdog.Stop()
 	return nil
 }
+
+// closeWait bounds how long the end of a generation waits for a hop's
+// stream to finish after the release.
+const closeWait = 2 * time.Second
 
 // close releases the session on every hop and ends the streams.
 func (g *gen) close() {
@@ -265,11 +276,13 @@ func (g *gen) close() {
 		s.stream.Send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Release{Release: &shardv1.ReleaseSignal{
 			RouteSessionId: g.id, RouteEpoch: g.epoch}}})
 		s.stream.CloseSend()
+		s.watchdog.Reset(min(g.r.opts.StepTimeout, closeWait))
 		for {
 			if _, err := s.stream.Recv(); err != nil {
 				break
 			}
 		}
+		s.watchdog.Stop()
 		s.cancel()
 		s.recycle()
 	}
@@ -428,6 +441,8 @@ func (g *gen) countAck(i int, ack *shardv1.Ack) {
 func (g *gen) exchange(i int, req *shardv1.SessionRequest) (*shardv1.ActivationChunk, *shardv1.Ack, *shardv1.ShardStatus, error) {
 	s := g.streams[i]
 	s.recycle()
+	s.watchdog.Reset(g.r.opts.StepTimeout)
+	defer s.watchdog.Stop()
 	if err := s.stream.Send(req); err != nil {
 		return nil, nil, nil, err
 	}
@@ -466,10 +481,14 @@ func (g *gen) exchange(i int, req *shardv1.SessionRequest) (*shardv1.ActivationC
 // generation's statistics count every step.
 func (g *gen) settle() {
 	for i, s := range g.streams {
-		for s != nil && s.ackDue != 0 {
+		if s == nil {
+			continue
+		}
+		s.watchdog.Reset(g.r.opts.StepTimeout)
+		for s.ackDue != 0 {
 			var resp decode.Response
 			if err := s.stream.RecvMsg(&resp); err != nil {
-				return
+				break
 			}
 			if ack := resp.Msg.GetAck(); ack != nil && ack.IdempotencyStep == s.ackDue {
 				s.ackDue = 0
@@ -477,6 +496,7 @@ func (g *gen) settle() {
 			}
 			resp.Release()
 		}
+		s.watchdog.Stop()
 	}
 }
 
