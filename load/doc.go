@@ -34,8 +34,7 @@
 //     what it took from the workers' cores.
 //
 // Links put a toxiproxy proxy (in the harness's process, on loopback) in
-// front of a hop's worker with added latency, jitter, bandwidth, periodic
-// resets or stalls. In shardd the head carries every activation, so a hop's
+// front of a hop's worker with added latency, jitter or a bandwidth cap. In shardd the head carries every activation, so a hop's
 // link is the head-to-worker connection.
 //
 // The JSON report (Report, schema "shardd.bench/v1") is stable: fields are

@@ -237,13 +237,13 @@ func TestBadInput(t *testing.T) {
 	if err != nil || len(pairs) != 2 || pairs[1] != [2]int{32, 8} {
 		t.Errorf("good length file: %v, %v", pairs, err)
 	}
-	for _, bad := range []string{"1=latency", "5=latency:1ms", "x=latency:1ms", "0=latency:-1ms", "0=bandwidth:10", "0=stall:5ms", "0=warp:9"} {
+	for _, bad := range []string{"1=latency", "5=latency:1ms", "x=latency:1ms", "0=latency:-1ms", "0=bandwidth:10", "0=stall:5ms/1s", "0=reset:1s", "0=latency:500us", "0=warp:9"} {
 		if _, err := ParseLinks([]string{bad}, 2); !errors.Is(err, ErrInput) {
 			t.Errorf("--link %q: err = %v, want ErrInput", bad, err)
 		}
 	}
-	links, err := ParseLinks([]string{"all=latency:5ms,jitter:1ms", "1=bandwidth:1gbit,reset:2s,stall:50ms/1s"}, 2)
-	if err != nil || links[0].Latency != 5*time.Millisecond || links[1].BandwidthKBps != 125000 || links[1].StallEvery != time.Second || links[1].Latency != 0 {
+	links, err := ParseLinks([]string{"all=latency:5ms,jitter:1ms", "1=bandwidth:1gbit"}, 2)
+	if err != nil || links[0].Latency != 5*time.Millisecond || links[0].Jitter != time.Millisecond || links[1].BandwidthKBps != 125000 || links[1].Latency != 0 {
 		t.Errorf("links: %+v, %v", links, err)
 	}
 	for _, bad := range []string{"0", "5-3", "x", "-4"} {

@@ -48,8 +48,9 @@ STAT is p50, p90, p99, max or mean. Exit status 1 when any limit fails on any ru
 target, with a table of each failing limit and by how much.
 
 Links (--link HOP=COND,..., repeatable; HOP from 0 or 'all'): a toxiproxy proxy on loopback in
-front of that hop's worker, on the first target only: latency:DUR (each way), jitter:DUR,
-bandwidth:RATE (1gbit, 100mbit, 10mbyte...), reset:EVERY (connections reset), stall:FOR/EVERY.`
+front of that hop's worker, on the first target only: latency:DUR (each way, whole ms),
+jitter:DUR, bandwidth:RATE (1gbit, 100mbit, 10mbyte...). Periodic resets and stalls are not
+offered (load/links.go says why).`
 
 func runBench(args []string) error {
 	fs := newFlags("bench", "(--route A,B,... | --model FILE (--shards N | --ranges R)) [flags]", benchHelp)
