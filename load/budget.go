@@ -47,11 +47,18 @@ type Budget []Limit
 // STAT is p50, p90, p99, max or mean.
 var metricPattern = regexp.MustCompile(`^(?:(ttft|itl|tpot|e2e)\.(p50|p90|p99|max|mean)|hop\[(\d+)\]\.(exec|wire|prefill_exec)\.(p50|p90|p99|max|mean)|(?:hop\[(\d+)\]\.)?stage\.([a-z_]+)\.(p50|p90|p99|max|mean)|(goodput|tokens_per_s|requests_per_s|error_rate|harness_cpu_per_token_us))$`)
 
-var atLeastMetrics = []string{"goodput", "tokens_per_s", "requests_per_s"}
+// atLeast: the metric is a lower bound (more is better).
+func atLeast(metric string) bool {
+	switch metric {
+	case "goodput", "tokens_per_s", "requests_per_s":
+		return true
+	}
+	return false
+}
 
 // isLatency: the metric is a time and its bound is written as a duration.
 func isLatency(metric string) bool {
-	return !slices.Contains(append(atLeastMetrics, "error_rate", "harness_cpu_per_token_us"), metric)
+	return !atLeast(metric) && metric != "error_rate" && metric != "harness_cpu_per_token_us"
 }
 
 // ReadBudget reads a YAML (.yaml, .yml) or TOML (.toml) file of limits:
@@ -110,7 +117,7 @@ func parseLimit(metric string, v any) (Limit, error) {
 	if !metricPattern.MatchString(metric) {
 		return Limit{}, fmt.Errorf("unknown metric %q (see shardd bench -h)", metric)
 	}
-	l := Limit{Metric: metric, AtLeast: slices.Contains(atLeastMetrics, metric)}
+	l := Limit{Metric: metric, AtLeast: atLeast(metric)}
 	s := strings.TrimSpace(fmt.Sprint(v))
 	if isLatency(metric) {
 		d, err := time.ParseDuration(s)

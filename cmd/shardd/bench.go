@@ -181,9 +181,7 @@ func runBench(args []string) error {
 	}
 	defer proxies.Close()
 	targets[0].Addrs = addrs
-	for _, l := range links {
-		rep.Targets[0].Links = append(rep.Targets[0].Links, l)
-	}
+	rep.Targets[0].Links = links
 
 	rep.Workload = workloadInfo(w, levels, sweepParam, *rounds, *warmup)
 	opts := load.RunOptions{Route: route.Options{StepTimeout: *stepTimeout}}
