@@ -127,6 +127,23 @@ func TestOpenLoop(t *testing.T) {
 	}
 }
 
+// A closed loop with a duration stops issuing requests when it is over:
+// every one of its goroutines sees the end, not only the first to look.
+func TestClosedLoopDuration(t *testing.T) {
+	workers := backendtest.ServeRoute(t, 1, time.Millisecond, engine.Config{})
+	w := smallWorkload(0, 0)
+	w.Concurrency, w.Duration, w.Warmup = 4, 300*time.Millisecond, 0
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Run(ctx, Target{Name: "route", Addrs: workers, Workers: workers}, w, RunOptions{})
+	if err != nil {
+		t.Fatalf("closed loop of 4 for 300 ms did not end: %v", err)
+	}
+	if s.Requests == 0 || s.Errors != 0 {
+		t.Errorf("%d requests, %d errors %v", s.Requests, s.Errors, s.ErrorsByCode)
+	}
+}
+
 func budgetFile(t *testing.T, name, text string) string {
 	p := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {

@@ -242,11 +242,14 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 func drive(ctx context.Context, rt *route.Route, w Workload, opts RunOptions, rec *recorder, base int) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var deadline <-chan time.Time
+	// deadline closes when the arrivals are over (a timer's channel
+	// would tell only one of the closed loop's goroutines).
+	var deadline <-chan struct{}
 	if w.Duration > 0 {
-		tm := time.NewTimer(w.Duration)
+		over := make(chan struct{})
+		tm := time.AfterFunc(w.Duration, func() { close(over) })
 		defer tm.Stop()
-		deadline = tm.C
+		deadline = over
 	}
 	var issued atomic.Int64
 	// next hands out the next request index, or false when the phase's
