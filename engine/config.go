@@ -37,6 +37,17 @@ type Config struct {
 	// decode step is likely on its way and must not wait behind a long
 	// iteration. Cover the time a step takes to come back around the route.
 	DecodeQuiet time.Duration
+	// DecodeGroups: a decode iteration waits (up to GatherWindow) until
+	// this share of the decoding sessions, 1/DecodeGroups, has its step
+	// queued, so the sessions move in that many groups; set it to the
+	// route's stage count so every stage computes at once. 0: 1 on a
+	// worker that holds the whole model (one batch of every decoding
+	// session), 2 on a shard. Negative: no waiting, an iteration starts
+	// with what has arrived.
+	DecodeGroups int
+	// GatherWindow bounds that wait; 0: half the cost model's predicted
+	// time of the batch waited for.
+	GatherWindow time.Duration
 	// Flow control this worker offers; a session gets the smaller of these
 	// and what the initiator proposes.
 	MaxInflightChunks     uint32

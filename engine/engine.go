@@ -56,6 +56,7 @@ type Engine struct {
 	// The cost model (seconds, float64 bits) and the decode budget's record.
 	statCostBase, statCostRow      atomic.Uint64
 	statBudgetRuns, statBudgetHits atomic.Int64
+	statBusy                       atomic.Int64 // nanoseconds in forward calls
 
 	obs observer
 
@@ -75,6 +76,12 @@ func New(cfg Config, be backend.Backend, meta gguf.Meta, log *slog.Logger) *Engi
 	}
 	if log == nil {
 		log = slog.Default()
+	}
+	if cfg.DecodeGroups == 0 {
+		cfg.DecodeGroups = 2
+		if info.TokensIn && info.LogitsOut {
+			cfg.DecodeGroups = 1 // the whole model: no other stage to overlap with
+		}
 	}
 	pool := bufpool.Default
 	e := &Engine{

@@ -114,6 +114,7 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	counter("shardd.decode_budget.kept", "of those, iterations whose forward kept the budget", e.statBudgetHits.Load)
 	o.occupancy, _ = m.Int64Histogram("shardd.batch.rows", metric.WithDescription("rows in each forward call"),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512))
+	gauge("shardd.forward.busy", "seconds spent in forward calls since start (its rate is the backend's utilization)", func() float64 { return float64(e.statBusy.Load()) / 1e9 })
 	counter("shardd.preemptions", "prefill iterations stopped for a decode step", e.preemptions.Load)
 	counter("shardd.telemetry.dropped", "finished steps whose spans and stage durations were dropped: the recorder's queue was full", o.dropped.Load)
 	o.records = make(chan stepRecord, recordQueue)

@@ -48,6 +48,10 @@ type scheduler struct {
 	// budgetRuns and budgetHits count iterations with decode rows and
 	// those whose forward kept the decode budget.
 	budgetRuns, budgetHits int64
+	// gather holds decode iterations until a share of the decoding
+	// sessions is ready; wake is when the current hold ends (zero: none).
+	gather gatherer
+	wake   time.Time
 }
 
 type sessQueue struct {
@@ -81,8 +85,15 @@ func (s *scheduler) run() {
 	defer close(e.stopped)
 	sweep := time.NewTicker(time.Second)
 	defer sweep.Stop()
+	hold := time.NewTimer(time.Hour)
+	hold.Stop()
 	for {
-		if s.pending == 0 {
+		if s.pending == 0 || !s.wake.IsZero() {
+			var woke <-chan time.Time
+			if !s.wake.IsZero() {
+				hold.Reset(time.Until(s.wake))
+				woke = hold.C
+			}
 			select {
 			case w := <-e.submitQ:
 				s.enqueue(w)
@@ -90,10 +101,13 @@ func (s *scheduler) run() {
 				s.runOp(op)
 			case <-sweep.C:
 				s.sweep()
+			case <-woke:
 			case <-e.stop:
 				s.shutdown()
 				return
 			}
+			hold.Stop()
+			s.wake = time.Time{}
 		}
 		// Take everything else that is ready without waiting. (Go has no
 		// conditional default, hence the second select.)
@@ -211,6 +225,13 @@ func (s *scheduler) iterate() {
 		}
 	}
 	now := time.Now()
+	if len(decodes) > 0 {
+		decoding := s.gather.decoding(now, e.cfg.DecodeQuiet)
+		if wait := s.gather.hold(now, len(decodes), decoding, e.cfg.DecodeGroups, e.cfg.GatherWindow, s.cost.predict); wait > 0 {
+			s.wake = now.Add(wait)
+			return
+		}
+	}
 	budget := e.cfg.PrefillIterationTokens
 	var limit time.Duration // the iteration's time budget, when it has one
 	switch {
@@ -279,8 +300,9 @@ func (s *scheduler) iterate() {
 	} else {
 		err = e.be.Forward(s.batch, &s.out)
 	}
+	took := time.Since(fwdStart)
+	e.statBusy.Add(int64(took))
 	if err == nil {
-		took := time.Since(fwdStart)
 		if rows <= costMaxRows {
 			s.cost.add(rows, took)
 		}
@@ -432,6 +454,9 @@ func (s *scheduler) complete(w *work) {
 			sess.PrefillDone = w.final
 		}
 		sess.Pins--
+		if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE || sess.PrefillDone {
+			s.gather.done(w.st.id, now)
+		}
 		r.pastLen = uint64(sess.PastLen)
 		s.results.Put(resultKey{w.st.id, w.epoch, w.step}, r.ref(), r.cost())
 		s.keepRecent(sess, kvcache.StepRef{Epoch: w.epoch, Step: w.step})
@@ -670,6 +695,7 @@ func (s *scheduler) dropQueue(q *sessQueue) {
 // release cancels id's queued work and drops its state.
 func (s *scheduler) release(id string, epoch uint64) (bool, error) {
 	s.cancel(id, epoch, "")
+	s.gather.forget(id)
 	released, err := s.store.Release(id, epoch)
 	s.publish(0)
 	return released, err

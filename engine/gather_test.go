@@ -1,0 +1,84 @@
+package engine
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// The gathering rule as a script: sessions complete steps, then iterations
+// with some decode rows ready ask whether to wait.
+func TestGatherHolds(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	// A forward of n rows is predicted at 10 ms + 1 ms per row.
+	predict := func(rows int) (time.Duration, bool) { return time.Duration(10+rows) * time.Millisecond, true }
+	none := func(int) (time.Duration, bool) { return 0, false }
+	quiet := 250 * time.Millisecond
+
+	var g gatherer
+	for i := range 32 {
+		g.done(fmt.Sprint("s", i), at(0))
+	}
+	steps := []struct {
+		now           int // ms
+		ready, groups int
+		window        time.Duration
+		predict       func(int) (time.Duration, bool)
+		want          time.Duration
+	}{
+		// 32 decoding, 2 groups: 16 wanted. 10 ready waits half of the
+		// predicted 26 ms, counted from the first ask.
+		{now: 1, ready: 10, groups: 2, predict: predict, want: 13 * time.Millisecond},
+		{now: 5, ready: 12, groups: 2, predict: predict, want: 9 * time.Millisecond},
+		// Enough ready: run, and the hold is over.
+		{now: 6, ready: 16, groups: 2, predict: predict, want: 0},
+		// A new hold starts afresh; it ends when its window is spent.
+		{now: 20, ready: 3, groups: 2, predict: predict, want: 13 * time.Millisecond},
+		{now: 33, ready: 3, groups: 2, predict: predict, want: 0},
+		// A set window instead of the prediction.
+		{now: 40, ready: 3, groups: 2, window: 2 * time.Millisecond, predict: predict, want: 2 * time.Millisecond},
+		{now: 42, ready: 3, groups: 2, window: 2 * time.Millisecond, predict: predict, want: 0},
+		// Gathering off, or nothing to predict with: run at once.
+		{now: 50, ready: 3, groups: -1, predict: predict, want: 0},
+		{now: 60, ready: 3, groups: 2, predict: none, want: 0},
+		// Nothing ready: nothing to hold.
+		{now: 70, ready: 0, groups: 2, predict: predict, want: 0},
+	}
+	for i, s := range steps {
+		decoding := g.decoding(at(s.now), quiet)
+		if decoding != 32 {
+			t.Fatalf("step %d: %d decoding, want 32", i, decoding)
+		}
+		if got := g.hold(at(s.now), s.ready, decoding, s.groups, s.window, s.predict); got != s.want {
+			t.Errorf("step %d (%+v): hold %v, want %v", i, s, got, s.want)
+		}
+	}
+}
+
+// Sessions stop counting as decoding when released or quiet for longer
+// than the quiet time; one decoding session never waits.
+func TestGatherDecodingSessions(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	predict := func(rows int) (time.Duration, bool) { return 50 * time.Millisecond, true }
+	var g gatherer
+	g.done("a", t0)
+	if n := g.decoding(t0, time.Second); n != 1 {
+		t.Fatalf("%d decoding, want 1", n)
+	}
+	if w := g.hold(t0, 1, 1, 2, 0, predict); w != 0 {
+		t.Fatalf("a lone session waited %v", w)
+	}
+	g.done("b", t0)
+	g.done("c", t0.Add(900*time.Millisecond))
+	g.forget("a")
+	if n := g.decoding(t0.Add(500*time.Millisecond), time.Second); n != 2 {
+		t.Fatalf("after releasing a: %d decoding, want 2", n)
+	}
+	if n := g.decoding(t0.Add(1500*time.Millisecond), time.Second); n != 1 {
+		t.Fatalf("after b went quiet: %d decoding, want 1", n)
+	}
+	if _, ok := g.last["b"]; ok {
+		t.Fatal("a quiet session is still remembered")
+	}
+}
