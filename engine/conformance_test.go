@@ -149,6 +149,23 @@ func TestWorkRefusals(t *testing.T) {
 			s.chunk(env, s.tokensTensor([]int32{1, 2}))
 			return s.result()
 		}, cStale, false},
+		{"epoch below the stream's, before any state", func(s *session) outcome {
+			env := s.envelope(1, prefill, 0, 2, 0)
+			env.RouteEpoch = s.epoch - 1
+			s.chunk(env, s.tokensTensor([]int32{1, 2}))
+			o := s.result()
+			// Nothing was applied: the session prefills at its own epoch.
+			if a := s.prefillTokens(2, 1, 2); a.ack == nil || a.ack.CacheResult.GetPastLen() != 2 {
+				s.t.Errorf("prefill at the stream's epoch after the refusal: %v %v", a.ack, a.status)
+			}
+			return o
+		}, cStale, false},
+		{"epoch above the stream's", func(s *session) outcome {
+			env := s.envelope(1, prefill, 0, 2, 0)
+			env.RouteEpoch = s.epoch + 1
+			s.chunk(env, s.tokensTensor([]int32{1, 2}))
+			return s.result()
+		}, cFingerprint, false},
 		{"decode with wrong past_len", func(s *session) outcome {
 			s.prefillTokens(1, 1, 2, 3)
 			s.chunk(s.envelope(2, decodeM, 5, 1, 5), s.tokensTensor([]int32{4}))

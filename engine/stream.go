@@ -14,6 +14,7 @@ import (
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/wireerr"
+	"github.com/meshnet/shardd/kvcache"
 	"github.com/meshnet/shardd/stages/decode"
 	"github.com/meshnet/shardd/stages/frameout"
 )
@@ -530,6 +531,15 @@ func (e *Engine) parseChunk(st *stream, w *work, env *shardv1.Envelope, b *shard
 	}
 	if env.RouteSessionId != st.id {
 		return ErrIdentity
+	}
+	// The handshake fixed the epoch: older work is stale even where the
+	// session holds no state yet, and a newer epoch needs a stream opened
+	// for it.
+	switch {
+	case env.RouteEpoch < st.epoch:
+		return wireerr.Errorf(kvcache.ErrEpochStale, "epoch %d on a stream opened at %d", env.RouteEpoch, st.epoch)
+	case env.RouteEpoch > st.epoch:
+		return wireerr.Errorf(ErrIdentity, "epoch %d on a stream opened at %d", env.RouteEpoch, st.epoch)
 	}
 	if err := e.id.checkFingerprint(env.Fingerprint); err != nil {
 		return err
