@@ -21,6 +21,9 @@ type ackWorker struct {
 	shardv1.UnimplementedShardRuntimeServer
 	window uint32
 	vocab  int
+	// mangle, when set, replaces the output tensors of the given step
+	// (counted from 1 per stream) with what it returns (nil: unchanged).
+	mangle func(step int, framer *frameout.Framer, logits []float32) []*shardv1.NamedTensor
 }
 
 func (w *ackWorker) GetCapability(context.Context, *shardv1.CapabilityRequest) (*shardv1.CapabilityReport, error) {
@@ -60,9 +63,15 @@ func (w *ackWorker) Session(ss grpc.BidiStreamingServer[shardv1.SessionRequest, 
 		logits[(first+uint64(n))%uint64(w.vocab)] = 1
 		nt := &shardv1.NamedTensor{}
 		framer.Frame(nt, "logits", []int64{1, int64(w.vocab)}, shardv1.DType_DTYPE_FLOAT32, dtype.AppendF32Bytes(nil, logits), frameout.Options{})
+		out := []*shardv1.NamedTensor{nt}
+		if w.mangle != nil {
+			if m := w.mangle(steps, framer, logits); m != nil {
+				out = m
+			}
+		}
 		if err := ss.Send(&shardv1.SessionResponse{Kind: &shardv1.SessionResponse_Chunk{Chunk: &shardv1.ActivationChunk{
 			Envelope: &shardv1.Envelope{IdempotencyStep: step},
-			Bundle:   &shardv1.TensorBundle{BundleVersion: 1, Tensors: []*shardv1.NamedTensor{nt}},
+			Bundle:   &shardv1.TensorBundle{BundleVersion: 1, Tensors: out},
 		}}}); err != nil {
 			return err
 		}

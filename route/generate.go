@@ -81,6 +81,9 @@ type hopStream struct {
 	// lazyAck: the granted window allows a second un-acked step, so Acks
 	// may be read late.
 	lazyAck bool
+	// hidden is the width of the hidden states this hop returned first (0:
+	// none yet); a later output of another width is refused.
+	hidden int64
 	// watchdog cancels the stream when an exchange (or the drain at the
 	// end) outlasts its bound: a hop whose connection wedges without
 	// closing fails the step, which is then resent on a fresh stream,
@@ -361,6 +364,9 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 		if err != nil {
 			return nil, err
 		}
+		if err := g.checkOutput(i, out, len(ids)); err != nil {
+			return nil, err
+		}
 		tensors = out
 	}
 	return g.decodeLogits(tensors[0])
@@ -500,23 +506,61 @@ func (g *gen) settle() {
 	}
 }
 
-// decodeLogits validates the last hop's logits tensor (tiling, CRC32C) and
-// returns its last row.
-func (g *gen) decodeLogits(nt *shardv1.NamedTensor) ([]float32, error) {
-	if nt.GetName() != "logits" {
-		return nil, fmt.Errorf("%w: the last hop returned %q, not logits", ErrRoute, nt.GetName())
+// checkOutput refuses a hop's output the head cannot pass on or use: not
+// exactly one tensor, or one of the wrong name, dtype or shape for rows
+// input rows. A hidden state's width must stay what the hop first sent.
+// (Payload sizes and checksums are checked where the bytes are read: the
+// next hop for hidden states, decodeLogits for logits.)
+func (g *gen) checkOutput(i int, ts []*shardv1.NamedTensor, rows int) error {
+	bad := func(format string, args ...any) error {
+		return &ResponseError{Addr: g.streams[i].hop.Addr, Detail: fmt.Sprintf(format, args...)}
 	}
+	if len(ts) != 1 || ts[0] == nil {
+		return bad("%d output tensors, want 1", len(ts))
+	}
+	nt := ts[0]
+	if i == len(g.streams)-1 {
+		if nt.Name != "logits" || nt.Dtype != shardv1.DType_DTYPE_FLOAT32 {
+			return bad("the last hop returned %.64q as %s, want logits as FLOAT32", nt.Name, nt.Dtype)
+		}
+		if len(nt.Shape) != 2 || nt.Shape[0] < 1 || nt.Shape[0] > int64(rows) || nt.Shape[1] < 1 || nt.Shape[1] > maxVocab ||
+			(g.stats.Vocab != 0 && nt.Shape[1] != int64(g.stats.Vocab)) {
+			return bad("logits shape %v for %d input rows (vocabulary %d)", nt.Shape, rows, g.stats.Vocab)
+		}
+		return nil
+	}
+	if nt.Name != "hidden_states" || (nt.Dtype != shardv1.DType_DTYPE_BFLOAT16 && nt.Dtype != shardv1.DType_DTYPE_FLOAT32) {
+		return bad("returned %.64q as %s, want hidden_states as BFLOAT16 or FLOAT32", nt.Name, nt.Dtype)
+	}
+	width := &g.streams[i].hidden
+	if len(nt.Shape) != 2 || nt.Shape[0] != int64(rows) || nt.Shape[1] < 1 || nt.Shape[1] > maxHidden || (*width != 0 && nt.Shape[1] != *width) {
+		return bad("hidden_states shape %v for %d input rows", nt.Shape, rows)
+	}
+	*width = nt.Shape[1]
+	return nil
+}
+
+// Bounds on what a worker may claim: no model the head drives is wider.
+const (
+	maxVocab  = 1 << 22
+	maxHidden = 1 << 17
+)
+
+// decodeLogits reads the last hop's logits tensor (already checked by
+// checkOutput): its fragments must tile it and pass CRC32C, and its bytes
+// must be exactly its shape's. It returns the last row.
+func (g *gen) decodeLogits(nt *shardv1.NamedTensor) ([]float32, error) {
+	addr := g.streams[len(g.streams)-1].hop.Addr
 	var t stages.Tensor
 	defer t.Reset()
 	if err := g.recv.Tensor(&t, nt, true); err != nil {
-		return nil, fmt.Errorf("route: logits: %s", wireerr.ToShardError(err).Detail)
+		return nil, &ResponseError{Addr: addr, Detail: "logits: " + wireerr.ToShardError(err).Detail}
 	}
 	body := t.Contiguous(bufpool.Default)
-	shape := nt.Shape
-	if len(shape) != 2 || shape[0] < 1 {
-		return nil, fmt.Errorf("%w: logits shape %v", ErrRoute, shape)
+	rows, vocab := int(nt.Shape[0]), int(nt.Shape[1])
+	if len(body) != 4*rows*vocab {
+		return nil, &ResponseError{Addr: addr, Detail: fmt.Sprintf("logits of shape %v in %d bytes", nt.Shape, len(body))}
 	}
-	vocab := int(shape[1])
 	g.stats.Vocab = vocab
 	g.logits = dtype.AppendF32FromBytes(g.logits[:0], body[len(body)-4*vocab:])
 	return g.logits, nil

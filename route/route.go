@@ -85,6 +85,7 @@ type Route struct {
 var (
 	ErrRoute     = errors.New("route: hops do not form a route")
 	ErrRefused   = errors.New("route: a worker refused the work")
+	ErrResponse  = errors.New("route: a worker's response is unusable")
 	errCacheMiss = errors.New("route: cache miss")
 )
 
@@ -101,6 +102,21 @@ func (e *RefusedError) Error() string {
 }
 
 func (e *RefusedError) Unwrap() error { return ErrRefused }
+
+// ResponseError is a worker's response the head cannot use (a wrong tensor
+// name, dtype, shape, size or checksum). It matches ErrResponse with
+// errors.Is. The step is not retried: a worker that answers so is broken,
+// not unlucky.
+type ResponseError struct {
+	Addr   string
+	Detail string
+}
+
+func (e *ResponseError) Error() string {
+	return fmt.Sprintf("%v: %s: %s", ErrResponse, e.Addr, e.Detail)
+}
+
+func (e *ResponseError) Unwrap() error { return ErrResponse }
 
 // Dial connects to every hop and checks that they form a route.
 func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {

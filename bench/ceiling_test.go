@@ -1,0 +1,177 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/meshnet/shardd/backend"
+	"github.com/meshnet/shardd/backend/llamacpp"
+	"github.com/meshnet/shardd/engine"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/internal/argmax"
+	"github.com/meshnet/shardd/route"
+)
+
+// ceilingThreads is the forward threads of BenchmarkDecodeCeiling
+// (SHARDD_BENCH_THREADS, default 1).
+func ceilingThreads() int {
+	n := 1
+	if v := os.Getenv("SHARDD_BENCH_THREADS"); v != "" {
+		fmt.Sscan(v, &n)
+	}
+	return n
+}
+
+// BenchmarkDecodeCeiling: N sessions (8-token prompts, 64 tokens each,
+// greedy) through one shardd worker holding the whole bench model, and the
+// same sessions computed in this process with no wire and no scheduler:
+// every prompt in one forward, then one forward of N rows per step (what
+// llama.cpp's batched bench does). Each op runs both in turn; the ratio of
+// their tokens/s (prompt tokens not counted) is reported. The worker runs
+// in this process on loopback behind the route client, so the head's
+// sampling and both sides' gRPC share the machine with the forward.
+// Target (issue 16): worker >= 0.85x the ceiling at 32 sessions.
+func BenchmarkDecodeCeiling(b *testing.B) {
+	for _, n := range []int{1, 16, 32} {
+		b.Run(fmt.Sprintf("sessions=%d", n), func(b *testing.B) { decodeCeiling(b, n) })
+	}
+}
+
+func decodeCeiling(b *testing.B, sessions int) {
+	const promptLen, outLen = 8, 64
+	model := benchModel(b)
+	meta, err := gguf.Read(model)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := llamacpp.Config{Path: model, Threads: ceilingThreads(), MaxSeqs: sessions + 1, CtxTokens: (sessions + 1) * (promptLen + outLen), MaxBatch: 512}
+	direct, err := llamacpp.OpenMeta(cfg, meta)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer direct.Close()
+	served, err := llamacpp.OpenMeta(cfg, meta)
+	if err != nil {
+		b.Fatal(err)
+	}
+	eng := engine.New(engine.Config{MaxSessions: sessions}, served, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := grpc.NewServer(eng.ServerOptions()...)
+	shardv1.RegisterShardRuntimeServer(srv, eng)
+	go srv.Serve(lis)
+	defer func() { srv.Stop(); eng.Close(); served.Close() }()
+	rt, err := route.Dial(context.Background(), []string{lis.Addr().String()}, route.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rt.Close()
+
+	prompt := func(s int) []int32 {
+		p := make([]int32, promptLen)
+		for i := range p {
+			p[i] = int32((s*31 + i*7 + 1) % 500)
+		}
+		return p
+	}
+	var inProc, worker []float64
+	b.ReportAllocs()
+	for b.Loop() {
+		t, err := ceilingRun(direct, sessions, outLen, prompt)
+		if err != nil {
+			b.Fatal(err)
+		}
+		inProc = append(inProc, float64(sessions*outLen)/t.Seconds())
+
+		start := time.Now()
+		var wg sync.WaitGroup
+		errs := make(chan error, sessions)
+		for s := range sessions {
+			wg.Go(func() {
+				_, err := rt.Generate(context.Background(), route.Request{Prompt: prompt(s), MaxTokens: outLen}, func(int32) error { return nil })
+				if err != nil {
+					errs <- err
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+		worker = append(worker, float64(sessions*outLen)/time.Since(start).Seconds())
+	}
+	mi, mw := medianF(inProc), medianF(worker)
+	b.ReportMetric(mi, "inproc-tok/s")
+	b.ReportMetric(mw, "worker-tok/s")
+	b.ReportMetric(mw/mi, "worker/ceiling")
+}
+
+// ceilingRun prefills every session's prompt in one forward, then decodes
+// outLen-1 steps of one row per session per forward, greedy; it returns
+// the time taken.
+func ceilingRun(be backend.Backend, sessions, outLen int, prompt func(int) []int32) (time.Duration, error) {
+	bt, err := be.NewBatch()
+	if err != nil {
+		return 0, err
+	}
+	defer be.FreeBatch(bt)
+	for s := range sessions {
+		be.SeqTrim(s, 0)
+	}
+	var out backend.Output
+	start := time.Now()
+	toks := make([]int32, sessions)
+	pos := 0
+	for step := range outLen {
+		bt.Reset()
+		for s := range sessions {
+			if step == 0 {
+				p := prompt(s)
+				for i, t := range p {
+					if err := bt.AddToken(s, i, t, i == len(p)-1); err != nil {
+						return 0, err
+					}
+				}
+				pos = len(p)
+				continue
+			}
+			if err := bt.AddToken(s, pos, toks[s], true); err != nil {
+				return 0, err
+			}
+		}
+		if step > 0 {
+			pos++
+		}
+		if err := be.Forward(bt, &out); err != nil {
+			return 0, err
+		}
+		vocab := len(out.Logits) / sessions
+		for s := range sessions {
+			toks[s] = int32(argmax.Index(out.Logits[s*vocab : (s+1)*vocab]))
+		}
+	}
+	return time.Since(start), nil
+}
+
+func medianF(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	c := slices.Clone(v)
+	slices.Sort(c)
+	return c[len(c)/2]
+}
