@@ -160,12 +160,6 @@ func TestWorkRefusals(t *testing.T) {
 			}
 			return o
 		}, cStale, false},
-		{"epoch above the stream's", func(s *session) outcome {
-			env := s.envelope(1, prefill, 0, 2, 0)
-			env.RouteEpoch = s.epoch + 1
-			s.chunk(env, s.tokensTensor([]int32{1, 2}))
-			return s.result()
-		}, cFingerprint, false},
 		{"decode with wrong past_len", func(s *session) outcome {
 			s.prefillTokens(1, 1, 2, 3)
 			s.chunk(s.envelope(2, decodeM, 5, 1, 5), s.tokensTensor([]int32{4}))

@@ -186,6 +186,34 @@ func (s *scheduler) enqueue(w *work) {
 	}
 	q.items = append(q.items, w)
 	s.pending++
+	if sess, ok := s.store.Peek(w.st.id); ok {
+		s.pin(w, sess) // queued work keeps its session from eviction
+	}
+}
+
+// pin makes w hold a pin on sess (moving it from another session object,
+// one that was released and begun again since w was queued).
+func (s *scheduler) pin(w *work, sess *kvcache.Session) {
+	if w.pin == sess {
+		return
+	}
+	s.unpin(w)
+	sess.Pins++
+	w.pin = sess
+}
+
+func (s *scheduler) unpin(w *work) {
+	if w.pin != nil {
+		w.pin.Pins--
+		w.pin = nil
+	}
+}
+
+// retire is where every submitted item ends, answered: its pin and its
+// place in the queue count go.
+func (s *scheduler) retire(w *work) {
+	s.unpin(w)
+	s.e.queued.Add(-1)
 }
 
 // pop removes q's head (finished or refused).
@@ -453,7 +481,6 @@ func (s *scheduler) complete(w *work) {
 		if w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL {
 			sess.PrefillDone = w.final
 		}
-		sess.Pins--
 		if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE || sess.PrefillDone {
 			s.gather.done(w.st.id, now)
 		}
@@ -492,7 +519,7 @@ func (s *scheduler) finish(w *work) {
 	if q := s.queues[w.st.id]; q != nil && len(q.items) > 0 && q.items[0] == w {
 		s.pop(q)
 	}
-	s.e.queued.Add(-1)
+	s.retire(w)
 }
 
 // failPlanned answers every planned item with err after a failed forward and
@@ -521,7 +548,6 @@ func (s *scheduler) fail(w *work, err error) {
 	} else if w.sess != nil {
 		s.e.be.SeqTrim(w.seq, w.first)
 		s.store.Truncate(w.sess, w.first)
-		w.sess.Pins--
 	}
 	s.refuse(w, err)
 	s.finish(w)
@@ -553,13 +579,13 @@ func (s *scheduler) admit(w *work) admitResult {
 	}
 	drop := func(err error) admitResult {
 		s.refuse(w, err)
-		s.e.queued.Add(-1)
+		s.retire(w)
 		return admitDrop
 	}
 	if w.st.isClosed() {
 		w.releaseInput()
 		w.st.deliver(reply{}, true) // accounting only; nobody reads
-		s.e.queued.Add(-1)
+		s.retire(w)
 		return admitDrop
 	}
 	if w.deadline != 0 && time.Now().UnixNano() > w.deadline {
@@ -582,7 +608,7 @@ func (s *scheduler) admit(w *work) admitResult {
 	}
 	if ok && sess.HasStep && w.step <= sess.LastStep {
 		s.duplicate(w, sess)
-		s.e.queued.Add(-1)
+		s.retire(w)
 		return admitDrop
 	}
 	miss := func() admitResult {
@@ -594,7 +620,7 @@ func (s *scheduler) admit(w *work) admitResult {
 		st := statusFor(id, w.workID, w.step, wireerr.Errorf(ErrCacheMiss, "expected %d tokens, holding %d", w.expected, actual))
 		st.Error.ActualPastLen = actual
 		w.st.deliver(reply{status: st}, true)
-		s.e.queued.Add(-1)
+		s.retire(w)
 		return admitDrop
 	}
 	switch w.mode {
@@ -623,7 +649,7 @@ func (s *scheduler) admit(w *work) admitResult {
 	if err := s.store.Reserve(sess, w.tokens); err != nil {
 		return drop(err)
 	}
-	sess.Pins++
+	s.pin(w, sess)
 	w.sess, w.seq, w.admitted = sess, sess.Seq, true
 	return admitRun
 }
@@ -665,11 +691,10 @@ func (s *scheduler) cancel(id string, epoch uint64, workID string) int {
 			} else {
 				s.e.be.SeqTrim(w.seq, w.first)
 				s.store.Truncate(w.sess, w.first)
-				w.sess.Pins--
 			}
 		}
 		s.refuse(w, ErrCancelled)
-		s.e.queued.Add(-1)
+		s.retire(w)
 		s.pending--
 		n++
 	}

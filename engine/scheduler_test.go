@@ -113,8 +113,13 @@ func TestNewerEpochSupersedes(t *testing.T) {
 	if o := s.prefillTokens(3, 1, 2, 3, 4); o.ack == nil || o.ack.CacheResult.PastLen != 4 {
 		t.Fatalf("prefill under the new epoch: %v", o.status)
 	}
+	// A decode step inherits the stream's epoch, which the new epoch's
+	// chunk moved on.
+	if o := s.decodeToken(4, 4, 5); o.ack == nil || o.ack.CacheResult.PastLen != 5 {
+		t.Fatalf("decode step after the new epoch: %v", o.status)
+	}
 	s.epoch = 1
-	s.chunk(s.envelope(4, decodeM, 4, 1, 4), s.tokensTensor([]int32{5}))
+	s.chunk(s.envelope(5, decodeM, 5, 1, 5), s.tokensTensor([]int32{6}))
 	if o := s.result(); code(o) != cStale {
 		t.Fatalf("old epoch after the new one: %v", o.status)
 	}
@@ -181,5 +186,46 @@ func TestOnlyRecentResultsKept(t *testing.T) {
 	// Still decoding from where it was: nothing was re-applied.
 	if o := s.decodeToken(6, 7, 16); o.ack == nil || o.ack.CacheResult.PastLen != 8 {
 		t.Fatalf("next step: ack %v status %v", o.ack, o.status)
+	}
+}
+
+// Queued work pins its session: a session whose decode step is queued but
+// not yet admitted is not evicted to make room for a new session; an idle
+// one is.
+func TestQueuedWorkPinsSession(t *testing.T) {
+	w, fb := gated(t, Config{MaxSessions: 2, DecodeGroups: -1})
+	a, b, c := w.open(t, "pin-a", 1), w.open(t, "pin-b", 1), w.open(t, "pin-c", 1)
+	for _, s := range []*session{a, b} {
+		s.chunk(s.envelope(1, prefill, 0, 2, 0), s.tokensTensor([]int32{1, 2}))
+		<-fb.entered
+		fb.gate <- struct{}{}
+		if o := s.result(); o.ack == nil {
+			t.Fatalf("prefill: %v", o.status)
+		}
+	}
+	// Hold b's decode step in the forward; queue c's first prefill (it
+	// needs a slot), then a's decode step, behind it.
+	b.send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
+		IdempotencyStep: 2, Position: 2, ExpectedPastLen: 2, Tensor: b.tokensTensor([]int32{3})}}})
+	<-fb.entered
+	c.chunk(c.envelope(1, prefill, 0, 2, 0), c.tokensTensor([]int32{1, 2}))
+	waitUntil(t, func() bool { return w.eng.queued.Load() == 2 })
+	a.send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
+		IdempotencyStep: 2, Position: 2, ExpectedPastLen: 2, Tensor: a.tokensTensor([]int32{3})}}})
+	waitUntil(t, func() bool { return w.eng.queued.Load() == 3 })
+	fb.open()
+	if o := b.result(); o.ack == nil {
+		t.Fatalf("b's decode: %v", o.status)
+	}
+	if o := c.result(); o.ack == nil {
+		t.Fatalf("c's prefill: %v", o.status)
+	}
+	// a was least recently used, but its queued step pinned it: b, idle,
+	// made room.
+	if o := a.result(); o.ack == nil || o.ack.CacheResult.PastLen != 3 {
+		t.Fatalf("a's queued decode step after c took a slot: %v %v", o.ack, o.status)
+	}
+	if o := b.decodeToken(3, 3, 4); code(o) != cMiss {
+		t.Fatalf("b, evicted: %v %v", o.ack, o.status)
 	}
 }

@@ -492,6 +492,10 @@ func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d
 		fail(err)
 		return
 	}
+	// A valid chunk of a newer epoch (the route changed) moves the stream
+	// to it: decode steps, which inherit the stream's epoch, follow, and
+	// older work on the stream is stale from now on.
+	st.epoch = max(st.epoch, w.epoch)
 	if w.deadline != 0 && time.Now().UnixNano() > w.deadline {
 		fail(ErrDeadline)
 		return
@@ -532,14 +536,10 @@ func (e *Engine) parseChunk(st *stream, w *work, env *shardv1.Envelope, b *shard
 	if env.RouteSessionId != st.id {
 		return ErrIdentity
 	}
-	// The handshake fixed the epoch: older work is stale even where the
-	// session holds no state yet, and a newer epoch needs a stream opened
-	// for it.
-	switch {
-	case env.RouteEpoch < st.epoch:
-		return wireerr.Errorf(kvcache.ErrEpochStale, "epoch %d on a stream opened at %d", env.RouteEpoch, st.epoch)
-	case env.RouteEpoch > st.epoch:
-		return wireerr.Errorf(ErrIdentity, "epoch %d on a stream opened at %d", env.RouteEpoch, st.epoch)
+	// Work older than the stream's epoch is stale, even where the session
+	// holds no state yet. (A newer epoch moves the stream on: see onWork.)
+	if env.RouteEpoch < st.epoch {
+		return wireerr.Errorf(kvcache.ErrEpochStale, "epoch %d on a stream at epoch %d", env.RouteEpoch, st.epoch)
 	}
 	if err := e.id.checkFingerprint(env.Fingerprint); err != nil {
 		return err

@@ -51,6 +51,7 @@ type work struct {
 	// --- scheduler ---
 	admitted bool
 	sess     *kvcache.Session
+	pin      *kvcache.Session // the session this item pins (queued or running)
 	seq      int
 	done     int // rows run so far
 	out      *bufpool.Buffer

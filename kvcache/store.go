@@ -97,6 +97,9 @@ func (s *Store) Lookup(id string) (*Session, bool) {
 	return sess, ok
 }
 
+// Peek returns the session id without marking it used.
+func (s *Store) Peek(id string) (*Session, bool) { return s.lru.Peek(id) }
+
 // CheckEpoch refuses work for an epoch older than the session's.
 func (s *Store) CheckEpoch(id string, epoch uint64) error {
 	if sess, ok := s.lru.Peek(id); ok && epoch < sess.Epoch {
