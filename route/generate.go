@@ -236,9 +236,13 @@ func (g *gen) open(i int) error {
 		}
 	})
 	defer stop()
+	unreachable := func() bool { return g.ctx.Err() == nil && openCtx.Err() == context.DeadlineExceeded }
 	stream, err := h.client.Session(ctx)
 	if err != nil {
 		cancel()
+		if unreachable() {
+			return fmt.Errorf("%w: %s did not open a session within %v", ErrUnreachable, h.Addr, g.r.opts.StepTimeout)
+		}
 		return fmt.Errorf("route: %s: %w", h.Addr, err)
 	}
 	err = stream.Send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Open{Open: &shardv1.SessionOpen{
@@ -251,6 +255,9 @@ func (g *gen) open(i int) error {
 	}
 	if err != nil {
 		cancel()
+		if unreachable() {
+			return fmt.Errorf("%w: %s did not open a session within %v", ErrUnreachable, h.Addr, g.r.opts.StepTimeout)
+		}
 		return fmt.Errorf("route: %s: open: %w", h.Addr, err)
 	}
 	a := resp.GetAccepted()

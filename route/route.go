@@ -83,10 +83,12 @@ type Route struct {
 
 // Errors a caller can classify.
 var (
-	ErrRoute     = errors.New("route: hops do not form a route")
-	ErrRefused   = errors.New("route: a worker refused the work")
-	ErrResponse  = errors.New("route: a worker's response is unusable")
-	errCacheMiss = errors.New("route: cache miss")
+	ErrRoute    = errors.New("route: hops do not form a route")
+	ErrRefused  = errors.New("route: a worker refused the work")
+	ErrResponse = errors.New("route: a worker's response is unusable")
+	// ErrUnreachable: a hop did not answer within the step timeout.
+	ErrUnreachable = errors.New("route: worker unreachable")
+	errCacheMiss   = errors.New("route: cache miss")
 )
 
 // RefusedError is a worker's structured refusal of a unit of work (its
@@ -150,8 +152,16 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 		}
 		h := &Hop{Addr: addr, conn: conn, client: shardv1.NewShardRuntimeClient(conn)}
 		r.Hops = append(r.Hops, h)
-		if h.Capability, err = h.client.GetCapability(ctx, &shardv1.CapabilityRequest{SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1}); err != nil {
+		// WaitForReady waits for a hop that is restarting; a hop that
+		// does not come back within a step's time is unreachable.
+		cctx, cancel := context.WithTimeout(ctx, opts.StepTimeout)
+		h.Capability, err = h.client.GetCapability(cctx, &shardv1.CapabilityRequest{SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1})
+		cancel()
+		if err != nil {
 			r.Close()
+			if ctx.Err() == nil && cctx.Err() == context.DeadlineExceeded {
+				return nil, fmt.Errorf("%w: %s did not answer within %v", ErrUnreachable, addr, opts.StepTimeout)
+			}
 			return nil, fmt.Errorf("route: %s: capability: %w", addr, err)
 		}
 	}

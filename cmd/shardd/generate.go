@@ -33,7 +33,8 @@ func runGenerate(args []string) error {
 	topP := fs.Float64("top-p", 0, "nucleus sampling threshold (0: off)")
 	seed := fs.Uint64("seed", 1, "sampling seed")
 	chunk := fs.Int("prefill-chunk", 0, "tokens per prefill chunk (0: what the workers grant, at most 128)")
-	timeout := fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker")
+	timeout := fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker; a worker that does not answer within it (after --step-timeout x 4 with the retries) fails the generation")
+	overall := fs.Duration("timeout", 0, "deadline of the whole generation, connecting included (0: none)")
 	tf := addTelemetryFlags(fs)
 	verifyModel := fs.String("verify-model", "", "whole-model GGUF: also generate greedily in this process and check the tokens match")
 	if err := fs.Parse(args); err != nil {
@@ -74,6 +75,11 @@ func runGenerate(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	if *overall > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *overall)
+		defer cancel()
+	}
 	tel, err := tf.setup("head")
 	if err != nil {
 		return err
