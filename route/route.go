@@ -22,6 +22,7 @@ package route
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -29,7 +30,9 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
@@ -46,7 +49,10 @@ type Options struct {
 	PrefillChunk int
 	// Retries per step per hop after a transport error. Default 3.
 	Retries int
-	// DialOptions are added to the defaults (insecure transport).
+	// TLS, when set, secures every hop's connection (see
+	// internal/tlsconf); nil is plaintext.
+	TLS *tls.Config
+	// DialOptions are added to the defaults.
 	DialOptions []grpc.DialOption
 	// TracerProvider, when set, makes each generation the parent span of
 	// one trace through every hop: a client span per hop stream, whose W3C
@@ -130,8 +136,12 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 	}
 	const recvWindow = 16 << 20
 	r := &Route{opts: opts}
+	creds := insecure.NewCredentials()
+	if opts.TLS != nil {
+		creds = credentials.NewTLS(opts.TLS)
+	}
 	dial := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		// Windows that take a whole result (a last hop's logits are
 		// 4 x vocab bytes per token) without a WINDOW_UPDATE round trip;
 		// gRPC's default starts at 64 KiB.
@@ -160,7 +170,7 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 		if err != nil {
 			r.Close()
 			if ctx.Err() == nil && cctx.Err() == context.DeadlineExceeded {
-				return nil, fmt.Errorf("%w: %s did not answer within %v", ErrUnreachable, addr, opts.StepTimeout)
+				return nil, fmt.Errorf("%w: %s did not answer within %v: %s", ErrUnreachable, addr, opts.StepTimeout, status.Convert(err).Message())
 			}
 			return nil, fmt.Errorf("route: %s: capability: %w", addr, err)
 		}

@@ -55,6 +55,7 @@ offered (load/links.go says why).`
 func runBench(args []string) error {
 	fs := newFlags("bench", "(--route A,B,... | --model FILE (--shards N | --ranges R)) [flags]", benchHelp)
 	routeFlag := fs.String("route", "", "existing route: worker addresses in layer order")
+	tlsf := addClientTLS(fs)
 	model := fs.String("model", "", "whole-model GGUF: the harness splits it and starts the workers")
 	shards := fs.Int("shards", 0, "with --model: split into N shards of equal layer counts")
 	ranges := fs.String("ranges", "", "with --model: layer ranges, e.g. 0:8,8:12")
@@ -185,6 +186,13 @@ func runBench(args []string) error {
 
 	rep.Workload = workloadInfo(w, levels, sweepParam, *rounds, *warmup)
 	opts := load.RunOptions{Route: route.Options{StepTimeout: *stepTimeout}}
+	if *routeFlag != "" {
+		if opts.Route.TLS, err = tlsf.config(splitList(*routeFlag), nil); err != nil {
+			return err
+		}
+	} else if *tlsf.ca != "" || *tlsf.cert != "" {
+		return fmt.Errorf("the TLS flags are for --route: the workers --model starts listen on loopback in plaintext")
+	}
 	if !*quiet {
 		opts.Progress = os.Stderr
 	}

@@ -24,6 +24,7 @@ func runGenerate(args []string) error {
 		"Sends the prompt through the route (first worker first), samples at the head, streams tokens\n"+
 			"as they come, and prints per-hop and total timing at the end.")
 	routeFlag := fs.String("route", "", "comma-separated worker addresses, in layer order")
+	tlsf := addClientTLS(fs)
 	promptTokens := fs.String("prompt-tokens", "", "comma-separated prompt token ids")
 	prompt := fs.String("prompt", "", "prompt text (needs --tokenizer)")
 	tokenizer := fs.String("tokenizer", "", "GGUF whose vocabulary tokenizes --prompt and prints tokens (a vocab-only load)")
@@ -85,7 +86,11 @@ func runGenerate(args []string) error {
 		return err
 	}
 	defer tel.Shutdown(context.Background())
-	r, err := route.Dial(ctx, splitList(*routeFlag), route.Options{StepTimeout: *timeout, PrefillChunk: *chunk, TracerProvider: tel.TracerProvider()})
+	tlsCfg, err := tlsf.config(splitList(*routeFlag), nil)
+	if err != nil {
+		return err
+	}
+	r, err := route.Dial(ctx, splitList(*routeFlag), route.Options{StepTimeout: *timeout, PrefillChunk: *chunk, TracerProvider: tel.TracerProvider(), TLS: tlsCfg})
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -33,9 +34,12 @@ func runServe(args []string) error {
 	fs := newFlags("serve", "--model SHARD.gguf --listen ADDR [limits]",
 		"Serves the layer range of SHARD.gguf (a file from 'shardd split', or a whole model) over\n"+
 			"gRPC: meshnet.shard.v1.ShardRuntime, grpc.health.v1 and server reflection.\n"+
-			"SIGTERM or SIGINT drains: new sessions are refused, queued work finishes, then it exits.")
+			"SIGTERM or SIGINT drains: new sessions are refused, queued work finishes, then it exits.\n"+
+			"TLS: --tls-cert/--tls-key (TLS 1.3), --tls-client-ca for mutual TLS; SIGHUP reloads them.\n"+
+			"Plaintext is served on loopback addresses only, unless --plaintext.")
 	model := fs.String("model", "", "shard or model GGUF")
 	listen := fs.String("listen", "127.0.0.1:7070", "address to listen on")
+	tlsf := addServerTLS(fs)
 	threads := fs.Int("threads", 0, "forward threads (0: all cores)")
 	sessions := fs.Int("max-sessions", 16, "route sessions holding KV state at once (<= 255)")
 	ctxTokens := fs.Int("ctx-tokens", 0, "KV capacity in tokens shared by all sessions (0: the model's context length)")
@@ -126,11 +130,19 @@ func runServe(args []string) error {
 	}, be, meta, log)
 	defer eng.Close()
 
+	tlsCfg, err := tlsf.config([]string{*listen}, log)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(eng.ServerOptions()...)
+	opts := eng.ServerOptions()
+	if tlsCfg != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	srv := grpc.NewServer(opts...)
 	shardv1.RegisterShardRuntimeServer(srv, eng)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
@@ -152,12 +164,27 @@ func runServe(args []string) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	select {
-	case err := <-errc:
-		return err
-	case s := <-sig:
-		log.Info("draining", "signal", s.String())
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+wait:
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case s := <-sig:
+			if s == syscall.SIGHUP {
+				if tlsf.reloader == nil {
+					continue
+				}
+				if err := tlsf.reloader.Reload(); err != nil {
+					log.Error("TLS reload failed; the previous certificate stays", "err", err)
+				} else {
+					log.Info("TLS certificate reloaded")
+				}
+				continue
+			}
+			log.Info("draining", "signal", s.String())
+			break wait
+		}
 	}
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	hs.SetServingStatus(shardv1.ShardRuntime_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
