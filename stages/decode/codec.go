@@ -218,11 +218,11 @@ func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
 		m.buf = buf
 		return nil
 	case vtMessage:
-		buf := data.MaterializeToBuffer(c.Pool)
+		buf := c.materialize(data)
 		defer buf.Free()
 		return m.UnmarshalVT(buf.ReadOnlyData())
 	case proto.Message:
-		buf := data.MaterializeToBuffer(c.Pool)
+		buf := c.materialize(data)
 		defer buf.Free()
 		return proto.Unmarshal(buf.ReadOnlyData(), m)
 	}
@@ -237,7 +237,18 @@ func (c Codec) hold(data mem.BufferSlice) (buf mem.Buffer, materialized bool) {
 		data[0].Ref()
 		return data[0], false
 	}
-	return data.MaterializeToBuffer(c.Pool), true // holds its own reference
+	return c.materialize(data), true
+}
+
+// materialize copies data into one buffer the caller frees. gRPC's
+// MaterializeToBuffer takes a pooled buffer for any size but never returns
+// one below its pooling threshold (1 KiB) to the pool; such small messages
+// get a plain slice instead.
+func (c Codec) materialize(data mem.BufferSlice) mem.Buffer {
+	if mem.IsBelowBufferPoolingThreshold(data.Len()) {
+		return mem.SliceBuffer(data.Materialize())
+	}
+	return data.MaterializeToBuffer(c.Pool)
 }
 
 func (c Codec) unmarshalInbound(data mem.BufferSlice, in *Inbound) error {
