@@ -22,7 +22,7 @@ BENCHCOUNT ?= 6
 
 APT_PKGS := protobuf-compiler nlohmann-json3-dev libstb-dev chromium
 
-.PHONY: all deps tools generate check-generate build test vet unit fuzz bench demo clean
+.PHONY: all deps tools generate check-generate build test vet unit fuzz fuzz-long bench demo clean
 
 all: build
 
@@ -89,12 +89,20 @@ vet: deps
 unit: deps
 	$(GO) test -race -tags invariants -timeout 30m ./...
 
-## fuzz: each fuzz target for FUZZTIME (10s in CI; try FUZZTIME=5m locally).
-FUZZ_TARGETS := ./stages/receive:FuzzReceive ./stages/checksum:FuzzUpdate
+## fuzz: each fuzz target for FUZZTIME (10s in CI; try FUZZTIME=5m locally), with
+## the race detector (the build unit already made: llama.cpp is compiled once).
+FUZZ_TARGETS := ./stages/receive:FuzzReceive ./stages/checksum:FuzzUpdate \
+  ./stages/decode:FuzzCodecDecode ./stages/decode:FuzzSplicedEncoder \
+  ./engine:FuzzSession ./route:FuzzHeadResponse
 fuzz: deps
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 	  echo "fuzz: $$fn ($(FUZZTIME))"; \
-	  $(GO) test -tags invariants -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
+	  $(GO) test -race -tags invariants -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
+
+## fuzz-long: every fuzz target for FUZZLONG each (default 10m), printing the
+## executions per target and in all.
+fuzz-long: deps
+	@FUZZLONG=$(or $(FUZZLONG),10m) GO="$(GO)" scripts/fuzz-long.sh $(FUZZ_TARGETS)
 
 ## demo: the first command to run. Builds shardd, generates the tiny model,
 ## splits it in two, serves each half with its own shardd on loopback,

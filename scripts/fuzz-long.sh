@@ -1,0 +1,22 @@
+#!/bin/sh
+# Runs every fuzz target for FUZZLONG each (default 10m) with the bufpool
+# invariants on, one after another, and prints each target's executions and
+# the total. New failing inputs land in the package's testdata/fuzz/ (keep
+# them: they become regression seeds). Exits 1 on the first failure.
+set -eu
+: "${FUZZLONG:=10m}"
+: "${GO:=go}"
+total=0
+for t in "$@"; do
+  pkg=${t%%:*}; fn=${t##*:}
+  log=$(mktemp)
+  if ! $GO test -tags invariants -run '^$' -fuzz "^$fn\$" -fuzztime "$FUZZLONG" "$pkg" >"$log" 2>&1; then
+    cat "$log"; rm -f "$log"; exit 1
+  fi
+  n=$(sed -n 's/.*execs: \([0-9]*\).*/\1/p' "$log" | tail -1)
+  n=${n:-0}
+  echo "fuzz-long: $fn: $n executions in $FUZZLONG"
+  total=$((total + n))
+  rm -f "$log"
+done
+echo "fuzz-long: $total executions in all, no failures"
