@@ -13,6 +13,32 @@ import (
 	"github.com/meshnet/shardd/load"
 )
 
+// buildShardd builds the shardd binary into dir the way this test binary
+// was built (-race and the invariants tag or not), so the compiled
+// llama.cpp is reused.
+func buildShardd(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "shardd")
+	build := []string{"build", "-o", bin}
+	if raceBuild {
+		build = append(build, "-race", "-tags", "invariants")
+	}
+	if out, err := exec.Command("go", append(build, ".")...).CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// tinyModel writes the tiny preset into dir.
+func tinyModel(t *testing.T, dir string) string {
+	t.Helper()
+	model := filepath.Join(dir, "tiny.gguf")
+	if err := gguf.Generate(model, gguf.Presets["tiny"]); err != nil {
+		t.Fatal(err)
+	}
+	return model
+}
+
 // The harness as an operator runs it: it splits the tiny model, starts a
 // worker per shard and the unsplit baseline as real `shardd serve`
 // processes, loads them, writes the JSON and HTML reports, exits 0 when the
@@ -22,18 +48,7 @@ func TestBenchCommand(t *testing.T) {
 		t.Skip("builds shardd and runs real workers")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "shardd")
-	build := []string{"build", "-o", bin}
-	if raceBuild {
-		build = append(build, "-race", "-tags", "invariants")
-	}
-	if out, err := exec.Command("go", append(build, ".")...).CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	model := filepath.Join(dir, "tiny.gguf")
-	if err := gguf.Generate(model, gguf.Presets["tiny"]); err != nil {
-		t.Fatal(err)
-	}
+	bin, model := buildShardd(t, dir), tinyModel(t, dir)
 	write := func(name, text string) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
