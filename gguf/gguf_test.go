@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ollama/ollama/fs/ggml"
@@ -180,5 +181,67 @@ func TestReadRefusesBadFiles(t *testing.T) {
 				t.Fatalf("got %v, want %v", err, tt.want)
 			}
 		})
+	}
+}
+
+// Cost-balanced cuts: the largest shard's cost is the smallest any cut
+// gives, found by trying them all; the head weighs on the last shard.
+func TestBalancedRanges(t *testing.T) {
+	cases := []struct {
+		layers []int64
+		head   int64
+		k      int
+		want   string
+	}{
+		{[]int64{10, 10, 10, 10, 10, 10}, 0, 2, "0:3,3:6"},
+		{[]int64{10, 10, 10, 10, 10, 10}, 20, 2, "0:4,4:6"},
+		{[]int64{10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10}, 35, 2, "0:8,8:12"},
+		{[]int64{5, 5, 5, 50, 5, 5}, 0, 3, "0:3,3:4,4:6"},
+		{[]int64{10, 10, 10}, 100, 3, "0:1,1:2,2:3"},
+	}
+	for _, c := range cases {
+		got := BalancedRanges(Cost{Layers: c.layers, Head: c.head}, c.k)
+		var s []string
+		for _, r := range got {
+			s = append(s, r.String())
+		}
+		if strings.Join(s, ",") != c.want {
+			t.Errorf("%v head %d in %d: %v, want %s", c.layers, c.head, c.k, s, c.want)
+		}
+	}
+}
+
+// ReadCost counts each block's matrices and the output head, not the
+// embedding lookup or the norms.
+func TestReadCost(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "tiny.gguf")
+	spec := Presets["tiny"]
+	if err := Generate(p, spec); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ReadCost(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Layers) != spec.Layers || c.Head == 0 {
+		t.Fatalf("%d layers, head %d", len(c.Layers), c.Head)
+	}
+	for i, l := range c.Layers {
+		if l != c.Layers[0] || l == 0 {
+			t.Fatalf("layer %d: %d bytes, layer 0: %d", i, l, c.Layers[0])
+		}
+	}
+	// Shards: the head only on the last; the first's embedding is a lookup.
+	paths, err := Split(p, []Range{{0, 2}, {2, 6}}, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err1 := ReadCost(paths[0])
+	last, err2 := ReadCost(paths[1])
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	if first.Head != 0 || first.Total() != 2*c.Layers[0] || last.Head != c.Head || last.Total() != c.Of(Range{2, 6}) {
+		t.Fatalf("shard costs %+v and %+v of %+v", first, last, c)
 	}
 }

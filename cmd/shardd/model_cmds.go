@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/meshnet/shardd/gguf"
@@ -69,7 +70,8 @@ func runSplit(args []string) error {
 		"Writes one GGUF per layer range, named <model>.<start>-<end>.gguf, and prints their paths in order.")
 	model := fs.String("model", "", "whole model GGUF")
 	rangesFlag := fs.String("ranges", "", "comma-separated START:END layer ranges")
-	shards := fs.Int("shards", 0, "split into N near-equal ranges instead")
+	shards := fs.Int("shards", 0, "split into N ranges instead (see --by)")
+	by := fs.String("by", "layers", "with --shards: 'layers' (near-equal layer counts) or 'cost' (near-equal matmul weight bytes, the output head on the last shard)")
 	outDir := fs.String("out-dir", ".", "folder for the shard files")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -95,7 +97,18 @@ func runSplit(args []string) error {
 		if *shards > meta.BlockCount {
 			return fmt.Errorf("cannot split %d layers %d ways", meta.BlockCount, *shards)
 		}
-		ranges = gguf.EvenRanges(meta.BlockCount, *shards)
+		switch *by {
+		case "layers":
+			ranges = gguf.EvenRanges(meta.BlockCount, *shards)
+		case "cost":
+			c, err := gguf.ReadCost(*model)
+			if err != nil {
+				return err
+			}
+			ranges = gguf.BalancedRanges(c, *shards)
+		default:
+			return fmt.Errorf("--by %q: want layers or cost", *by)
+		}
 	default:
 		return fmt.Errorf("give --ranges or --shards")
 	}
@@ -153,7 +166,42 @@ func runInspect(args []string) error {
 		m.EmbeddingLen, m.FFNLen, m.HeadCount, m.HeadCountKV, m.VocabSize, m.ContextLen)
 	fmt.Printf("tensors:       %d\n", m.Tensors)
 	fmt.Printf("model digest:  sha256:%s\n", m.SourceDigest)
+	c, err := gguf.ReadCost(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	printCost(m, c)
 	return nil
+}
+
+// printCost prints what inspect says about compute: the matmul weight
+// bytes (a CPU decode step streams each once), and how splits share them.
+func printCost(m gguf.Meta, c gguf.Cost) {
+	mb := func(b int64) string { return fmt.Sprintf("%.1f MB", float64(b)/1e6) }
+	perLayer := (c.Total() - c.Head) / int64(max(len(c.Layers), 1))
+	fmt.Printf("cost:          matmul weights %s: %s per layer, output head %s\n", mb(c.Total()), mb(perLayer), mb(c.Head))
+	if m.IsShard {
+		// The rest of the model is not here: assume its layers weigh as
+		// these do, and a head like the token embedding (vocab x hidden,
+		// 2 bytes) unless this shard holds it.
+		head := c.Head
+		if !m.Last() {
+			head = int64(m.VocabSize) * int64(m.EmbeddingLen) * 2
+		}
+		whole := perLayer*int64(m.Total) + head
+		fmt.Printf("share:         about %.0f%% of the whole model's (if its other layers weigh as these do)\n", 100*float64(c.Total())/float64(whole))
+		return
+	}
+	share := func(rs []gguf.Range) string {
+		var parts []string
+		for _, r := range rs {
+			parts = append(parts, fmt.Sprintf("%s %.0f%%", r, 100*float64(c.Of(r))/float64(c.Total())))
+		}
+		return strings.Join(parts, ", ")
+	}
+	for k := 2; k <= min(4, len(c.Layers)); k++ {
+		fmt.Printf("%d shards:      by layers %s; by cost %s\n", k, share(gguf.EvenRanges(len(c.Layers), k)), share(gguf.BalancedRanges(c, k)))
+	}
 }
 
 func runVerify(args []string) error {

@@ -1,0 +1,132 @@
+package gguf
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/ollama/ollama/fs/ggml"
+)
+
+// Cost is a model's forward work by layer, measured as the bytes of the
+// weight matrices each layer multiplies by (a CPU decode step streams each
+// of them once, so its time grows with them). The token embedding is a row
+// lookup and costs nothing here; the output head (output.weight, or the
+// token embedding when the model ties them) belongs to the last shard.
+type Cost struct {
+	Layers []int64 // matmul weight bytes of each block, by layer
+	Head   int64   // the output head's bytes
+}
+
+// Total is the whole model's cost.
+func (c Cost) Total() int64 {
+	t := c.Head
+	for _, l := range c.Layers {
+		t += l
+	}
+	return t
+}
+
+// Of is range r's cost (the head included when r ends at the last layer).
+func (c Cost) Of(r Range) int64 {
+	var t int64
+	for _, l := range c.Layers[r.Start:r.End] {
+		t += l
+	}
+	if r.End == len(c.Layers) {
+		t += c.Head
+	}
+	return t
+}
+
+// ReadCost reads a whole model's cost from its tensor table.
+func ReadCost(path string) (Cost, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Cost{}, fmt.Errorf("%w: %v", ErrBadFile, err)
+	}
+	defer f.Close()
+	g, err := ggml.Decode(f, 0)
+	if err != nil {
+		return Cost{}, fmt.Errorf("%w: %v", ErrBadFile, err)
+	}
+	c := Cost{Layers: make([]int64, g.KV().BlockCount())}
+	var embd int64
+	tied := true
+	for _, t := range g.Tensors().Items() {
+		if len(t.Shape) < 2 {
+			continue // norms and biases: vector work
+		}
+		switch {
+		case t.Name == "output.weight":
+			c.Head, tied = int64(t.Size()), false
+		case t.Name == "token_embd.weight":
+			embd = int64(t.Size())
+		case strings.HasPrefix(t.Name, "blk."):
+			rest := strings.TrimPrefix(t.Name, "blk.")
+			n, err := strconv.Atoi(rest[:max(strings.IndexByte(rest, '.'), 0)])
+			if err == nil && n >= 0 && n < len(c.Layers) {
+				c.Layers[n] += int64(t.Size())
+			}
+		}
+	}
+	kv := g.KV()
+	shardNotLast := kv.String(KeySourceDigest) != "" && kv.Uint(KeyEndLayer) != kv.Uint(KeyTotalLayers)
+	if tied && !shardNotLast {
+		c.Head = embd // the model ties its output head to the embedding
+	}
+	return c, nil
+}
+
+// BalancedRanges cuts the layers into k contiguous ranges whose largest
+// cost is as small as possible (the last range carries the head). Ties go
+// to the cut with more layers early.
+func BalancedRanges(c Cost, k int) []Range {
+	n := len(c.Layers)
+	if k <= 0 || k > n {
+		return nil
+	}
+	prefix := make([]int64, n+1)
+	for i, l := range c.Layers {
+		prefix[i+1] = prefix[i] + l
+	}
+	cost := func(a, b int) int64 {
+		t := prefix[b] - prefix[a]
+		if b == n {
+			t += c.Head
+		}
+		return t
+	}
+	// best[j][i]: the smallest largest cost of layers [0, i) in j ranges;
+	// cut[j][i]: where the last of them starts.
+	const inf = int64(1) << 62
+	best := make([][]int64, k+1)
+	cut := make([][]int, k+1)
+	for j := range best {
+		best[j], cut[j] = make([]int64, n+1), make([]int, n+1)
+		for i := range best[j] {
+			best[j][i] = inf
+		}
+	}
+	best[0][0] = 0
+	for j := 1; j <= k; j++ {
+		for i := j; i <= n; i++ {
+			for s := i - 1; s >= j-1; s-- {
+				if best[j-1][s] == inf {
+					continue
+				}
+				if v := max(best[j-1][s], cost(s, i)); v < best[j][i] {
+					best[j][i], cut[j][i] = v, s
+				}
+			}
+		}
+	}
+	out := make([]Range, k)
+	for j, i := k, n; j > 0; j-- {
+		s := cut[j][i]
+		out[j-1] = Range{s, i}
+		i = s
+	}
+	return out
+}
