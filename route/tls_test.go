@@ -57,7 +57,7 @@ func TestRouteOverMutualTLS(t *testing.T) {
 		t.Fatalf("over mutual TLS: %v %v", toks, err)
 	}
 	for name, files := range map[string]tlsconf.Files{
-		"no client certificate": {CA: servers.CAFile()},
+		"no client certificate":   {CA: servers.CAFile()},
 		"worker's CA not trusted": {Cert: cc, Key: ck, CA: clients.CAFile()},
 	} {
 		if r, err := Dial(context.Background(), []string{addr}, head(files)); err == nil {
