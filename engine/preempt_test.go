@@ -44,3 +44,50 @@ func TestDecodePreemptsPrefill(t *testing.T) {
 		t.Fatalf("preemptions %d", w.eng.preemptions.Load())
 	}
 }
+
+// Scenario: a prefill-only iteration is not preempted twice in a row. After
+// one preemption the retried iteration runs to its end even when another
+// decode step arrives meanwhile, so prompts progress under steady decoding.
+func TestPreemptionNotTwiceInARow(t *testing.T) {
+	fb := newFake(true, true)
+	fb.preempt = make(chan struct{}, 1)
+	w := startWorker(t, preemptibleFake{fb}, fakeMeta(), Config{DecodeQuiet: 1, PrefillIterationTokens: 64})
+	entered := make(chan struct{}, 64)
+	waitFor(t, w.eng, func() bool { fb.gate, fb.entered = make(chan struct{}), entered; return true })
+	t.Cleanup(fb.open)
+	dec, long := w.open(t, "decoder", 1), w.open(t, "long", 1)
+	dec.chunk(dec.envelope(1, prefill, 0, 2, 0), dec.tokensTensor([]int32{1, 2}))
+	<-entered
+	fb.gate <- struct{}{}
+	if o := dec.result(); o.ack == nil {
+		t.Fatalf("prefill: %v", o.status)
+	}
+	step := func(n uint64) {
+		dec.send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
+			IdempotencyStep: n, Position: n, ExpectedPastLen: n, Tensor: dec.tokensTensor([]int32{3})}}})
+	}
+	ids := make([]int32, 32)
+	long.chunk(long.envelope(1, prefill, 0, len(ids), 0), long.tokensTensor(ids))
+	<-entered // the prefill, preemptible
+	step(2)
+	<-entered // preempted; the decode step's iteration
+	fb.gate <- struct{}{}
+	if o := dec.result(); o.ack == nil || o.ack.CacheResult.PastLen != 3 {
+		t.Fatalf("decode: %v %v", o.ack, o.status)
+	}
+	<-entered // the prefill again: this time it is not preemptible
+	step(3)
+	// The decode step asked for a preemption (its signal is still
+	// pending), or took one.
+	waitUntil(t, func() bool { return len(fb.preempt) == 1 || w.eng.preemptions.Load() > 1 })
+	fb.open()
+	if o := long.result(); o.ack == nil || o.ack.CacheResult.PastLen != 32 {
+		t.Fatalf("prefill after one preemption: %v %v", o.ack, o.status)
+	}
+	if o := dec.result(); o.ack == nil || o.ack.CacheResult.PastLen != 4 {
+		t.Fatalf("second decode: %v %v", o.ack, o.status)
+	}
+	if n := w.eng.preemptions.Load(); n != 1 {
+		t.Fatalf("%d preemptions, want 1", n)
+	}
+}

@@ -48,6 +48,9 @@ type scheduler struct {
 	// budgetRuns and budgetHits count iterations with decode rows and
 	// those whose forward kept the decode budget.
 	budgetRuns, budgetHits int64
+	// preempted: the last prefill-only iteration was preempted, so the
+	// next one runs to its end.
+	preempted bool
 	// gather holds decode iterations until a share of the decoding
 	// sessions is ready; wake is when the current hold ends (zero: none).
 	gather gatherer
@@ -321,9 +324,14 @@ func (s *scheduler) iterate() {
 	}
 	var err error
 	fwdStart := time.Now()
-	if pb, ok := e.be.(backend.Preemptible); ok && len(decodes) == 0 {
+	if pb, ok := e.be.(backend.Preemptible); ok && len(decodes) == 0 && !s.preempted {
 		// A decode step that arrives now stops this prefill-only
-		// iteration instead of waiting for it.
+		// iteration instead of waiting for it. Not twice in a row: the
+		// prefill-only iteration after a preempted one runs to its end,
+		// or decode steps arriving every few milliseconds would preempt
+		// every prefill iteration, and prompts would never finish while
+		// the CPU stays busy (measured: half of all forwards preempted,
+		// TTFT 3.5 s, PERF.md "Batches that form").
 		err = pb.ForwardPreemptible(s.batch, &s.out)
 	} else {
 		err = e.be.Forward(s.batch, &s.out)
@@ -354,10 +362,14 @@ func (s *scheduler) iterate() {
 	case errors.Is(err, backend.ErrPreempted):
 		s.rewindPlanned()
 		e.preemptions.Add(1)
+		s.preempted = true
 		return
 	case err != nil:
 		s.failPlanned(err)
 		return
+	}
+	if len(decodes) == 0 {
+		s.preempted = false // a prefill-only iteration ran to its end
 	}
 	s.distribute()
 }
