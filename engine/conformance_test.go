@@ -281,6 +281,29 @@ func TestDrainingRefusesSessions(t *testing.T) {
 	}
 }
 
+// Drain waits for the streams already open: a generation between two
+// steps has nothing queued but is not finished.
+func TestDrainWaitsForOpenStreams(t *testing.T) {
+	w := startWorker(t, newFake(true, true), fakeMeta(), Config{})
+	s := w.open(t, "between-steps", 1)
+	if o := s.prefillTokens(1, 1, 2); o.ack == nil {
+		t.Fatal(o.status)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := w.eng.Drain(ctx); err == nil {
+		t.Fatal("Drain returned with a stream open")
+	}
+	// Still served while draining: the open stream's next step.
+	if o := s.decodeToken(2, 2, 3); o.ack == nil {
+		t.Fatalf("decode while draining: %v", o.status)
+	}
+	s.close()
+	if err := w.eng.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // gated starts a fake worker whose forwards wait at a gate. Closing the
 // gate (fb.open, also at cleanup) lets every later forward through.
 func gated(t *testing.T, cfg Config) (*worker, *fakeBackend) {

@@ -42,6 +42,9 @@ type Engine struct {
 	submitQ chan *work
 	control chan func()
 	queued  atomic.Int32 // work submitted and not yet replied
+	// openStreams counts Session streams being served (Drain waits for
+	// them: a generation between two steps has nothing queued).
+	openStreams atomic.Int32
 	stop    chan struct{}
 	stopped chan struct{}
 	streams sync.WaitGroup
@@ -125,16 +128,18 @@ func (e *Engine) Identity() Identity { return e.id }
 // State is the serving state.
 func (e *Engine) State() shardv1.ServingState { return shardv1.ServingState(e.state.Load()) }
 
-// Drain refuses new sessions and waits until queued work is done or ctx
-// ends. Streams already open keep being served.
+// Drain refuses new sessions and waits until the streams already open have
+// ended (their initiators finished their generations) and no work is
+// queued, or ctx ends. Open streams keep being served meanwhile, and so
+// are Health and the unary calls, which report DRAINING.
 func (e *Engine) Drain(ctx context.Context) error {
 	e.state.CompareAndSwap(int32(shardv1.ServingState_SERVING_STATE_SERVING), int32(shardv1.ServingState_SERVING_STATE_DRAINING))
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	for e.queued.Load() > 0 {
+	for e.queued.Load() > 0 || e.openStreams.Load() > 0 {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("engine: drain: %d work items still queued", e.queued.Load())
+			return fmt.Errorf("engine: drain: %d work items queued, %d streams open", e.queued.Load(), e.openStreams.Load())
 		case <-tick.C:
 		}
 	}

@@ -268,6 +268,8 @@ func statusFor(session, workID string, step uint64, err error) *shardv1.ShardSta
 func (e *Engine) Session(ss grpc.BidiStreamingServer[shardv1.SessionRequest, shardv1.SessionResponse]) error {
 	e.streams.Add(1)
 	defer e.streams.Done()
+	e.openStreams.Add(1)
+	defer e.openStreams.Add(-1)
 	sctx, endSpan := e.sessionContext(ss.Context())
 	defer endSpan()
 	ctx, cancel := context.WithCancel(sctx)
