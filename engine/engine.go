@@ -45,9 +45,9 @@ type Engine struct {
 	// openStreams counts Session streams being served (Drain waits for
 	// them: a generation between two steps has nothing queued).
 	openStreams atomic.Int32
-	stop    chan struct{}
-	stopped chan struct{}
-	streams sync.WaitGroup
+	stop        chan struct{}
+	stopped     chan struct{}
+	streams     sync.WaitGroup
 
 	// Published by the scheduler for Health.
 	statSessions  atomic.Int32
