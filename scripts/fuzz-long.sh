@@ -8,9 +8,9 @@ set -eu
 : "${GO:=go}"
 total=0
 for t in "$@"; do
-  pkg=${t%%:*}; fn=${t##*:}
+  pkg=${t%%:*}; rest=${t#*:}; fn=${rest%%:*}; race=; case "$rest" in *:race) race=-race;; esac
   log=$(mktemp)
-  if ! $GO test -tags invariants -run '^$' -fuzz "^$fn\$" -fuzztime "$FUZZLONG" "$pkg" >"$log" 2>&1; then
+  if ! $GO test $race -tags invariants -run '^$' -fuzz "^$fn\$" -fuzztime "$FUZZLONG" "$pkg" >"$log" 2>&1; then
     cat "$log"; rm -f "$log"; exit 1
   fi
   n=$(sed -n 's/.*execs: \([0-9]*\).*/\1/p' "$log" | tail -1)

@@ -34,7 +34,7 @@ func runServe(args []string) error {
 	fs := newFlags("serve", "--model SHARD.gguf --listen ADDR [limits]",
 		"Serves the layer range of SHARD.gguf (a file from 'shardd split', or a whole model) over\n"+
 			"gRPC: meshnet.shard.v1.ShardRuntime, grpc.health.v1 and server reflection.\n"+
-			"SIGTERM or SIGINT drains: new sessions are refused, queued work finishes, then it exits.\n"+
+			"SIGTERM or SIGINT drains: new sessions are refused, open sessions and queued work finish, then it exits.\n"+
 			"TLS: --tls-cert/--tls-key (TLS 1.3), --tls-client-ca for mutual TLS; SIGHUP reloads them.\n"+
 			"Plaintext is served on loopback addresses only, unless --plaintext.")
 	model := fs.String("model", "", "shard or model GGUF")
@@ -58,7 +58,7 @@ func runServe(args []string) error {
 	resultsBytes := fs.Int64("results-cache-bytes", 64<<20, "bytes of finished results kept to answer duplicate steps (idempotency); the oldest go first")
 	boundary := fs.String("boundary", "bf16", "dtype of hidden states sent to the next shard: bf16 (the contract's canonical) or f32 (exact)")
 	requireCRC := fs.Bool("require-checksum", true, "refuse tensors without a CRC32C")
-	drainTimeout := fs.Duration("drain-timeout", 30*time.Second, "how long a drain waits for queued work")
+	drainTimeout := fs.Duration("drain-timeout", 30*time.Second, "how long a drain waits for open sessions and queued work")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	tf := addTelemetryFlags(fs)
 	poll := fs.Int("poll", 0, "llama.cpp threadpool polling after a forward, 0..100: spinning answers the next step sooner but burns the cores; keep 0 where workers share a machine")
