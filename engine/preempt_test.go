@@ -10,21 +10,9 @@ import (
 // the iteration is preempted, the decode runs first, and the prefill is
 // rewound and completes from where it stood.
 func TestDecodePreemptsPrefill(t *testing.T) {
-	fb := newFake(true, true)
-	fb.preempt = make(chan struct{}, 1)
-	w := startWorker(t, preemptibleFake{fb}, fakeMeta(), Config{DecodeQuiet: 1, PrefillIterationTokens: 64})
-	entered := make(chan struct{}, 64)
-	waitFor(t, w.eng, func() bool { fb.gate, fb.entered = make(chan struct{}), entered; return true })
-	t.Cleanup(fb.open)
-	dec, long := w.open(t, "decoder", 1), w.open(t, "long", 1)
+	w, fb, entered, dec, long := preemptScene(t)
 
-	// The decoder's prefill, then hold the long prefill's iteration.
-	dec.chunk(dec.envelope(1, prefill, 0, 2, 0), dec.tokensTensor([]int32{1, 2}))
-	<-entered
-	fb.gate <- struct{}{}
-	if o := dec.result(); o.ack == nil {
-		t.Fatalf("prefill: %v", o.status)
-	}
+	// Hold the long prefill's iteration.
 	ids := make([]int32, 32)
 	long.chunk(long.envelope(1, prefill, 0, len(ids), 0), long.tokensTensor(ids))
 	<-entered // held, preemptible
@@ -49,19 +37,7 @@ func TestDecodePreemptsPrefill(t *testing.T) {
 // one preemption the retried iteration runs to its end even when another
 // decode step arrives meanwhile, so prompts progress under steady decoding.
 func TestPreemptionNotTwiceInARow(t *testing.T) {
-	fb := newFake(true, true)
-	fb.preempt = make(chan struct{}, 1)
-	w := startWorker(t, preemptibleFake{fb}, fakeMeta(), Config{DecodeQuiet: 1, PrefillIterationTokens: 64})
-	entered := make(chan struct{}, 64)
-	waitFor(t, w.eng, func() bool { fb.gate, fb.entered = make(chan struct{}), entered; return true })
-	t.Cleanup(fb.open)
-	dec, long := w.open(t, "decoder", 1), w.open(t, "long", 1)
-	dec.chunk(dec.envelope(1, prefill, 0, 2, 0), dec.tokensTensor([]int32{1, 2}))
-	<-entered
-	fb.gate <- struct{}{}
-	if o := dec.result(); o.ack == nil {
-		t.Fatalf("prefill: %v", o.status)
-	}
+	w, fb, entered, dec, long := preemptScene(t)
 	step := func(n uint64) {
 		dec.send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
 			IdempotencyStep: n, Position: n, ExpectedPastLen: n, Tensor: dec.tokensTensor([]int32{3})}}})
@@ -90,4 +66,24 @@ func TestPreemptionNotTwiceInARow(t *testing.T) {
 	if n := w.eng.preemptions.Load(); n != 1 {
 		t.Fatalf("%d preemptions, want 1", n)
 	}
+}
+
+// preemptScene starts a preemptible fake worker whose forwards wait at a
+// gate (entered tells of each), opens a decoding session whose prompt has
+// run and a second session for a long prefill.
+func preemptScene(t *testing.T) (w *worker, fb *fakeBackend, entered chan struct{}, dec, long *session) {
+	fb = newFake(true, true)
+	fb.preempt = make(chan struct{}, 1)
+	w = startWorker(t, preemptibleFake{fb}, fakeMeta(), Config{DecodeQuiet: 1, PrefillIterationTokens: 64})
+	entered = make(chan struct{}, 64)
+	waitFor(t, w.eng, func() bool { fb.gate, fb.entered = make(chan struct{}), entered; return true })
+	t.Cleanup(fb.open)
+	dec, long = w.open(t, "decoder", 1), w.open(t, "long", 1)
+	dec.chunk(dec.envelope(1, prefill, 0, 2, 0), dec.tokensTensor([]int32{1, 2}))
+	<-entered
+	fb.gate <- struct{}{}
+	if o := dec.result(); o.ack == nil {
+		t.Fatalf("prefill: %v", o.status)
+	}
+	return w, fb, entered, dec, long
 }
