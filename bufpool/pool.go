@@ -41,8 +41,10 @@ func New(opts ...Option) *Pool {
 }
 
 // Default is the process-wide pool used by the daemon's receive and send
-// paths.
-var Default = New()
+// paths. It counts outstanding buffers (one atomic add per Get and Put), so
+// the daemon can export them as a metric and a soak can tell a leak from a
+// cache.
+var Default = New(Tracking())
 
 // classOf returns the size class index for n bytes, or -1 when n is above the
 // largest class.

@@ -99,6 +99,8 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	gauge("shardd.batch.occupancy", "rows in the last forward call", func() float64 { return float64(e.statOccupancy.Load()) })
 	gauge("shardd.kv.pressure", "fraction of the KV token budget in use", func() float64 { return math.Float64frombits(e.statPressure.Load()) })
 	gauge("shardd.sessions", "route sessions holding KV state", func() float64 { return float64(e.statSessions.Load()) })
+	gauge("shardd.buffers.outstanding", "pooled buffers handed out and not yet returned (held by queued work, results in flight and the results cache)",
+		func() float64 { return float64(e.pool.Outstanding()) })
 	gauge("shardd.results.bytes", "bytes of finished results held to answer duplicate steps (bounded by --results-cache-bytes)", func() float64 { return float64(e.statResults.Load()) })
 	counter := func(name, desc string, f func() int64) {
 		m.Int64ObservableCounter(name, metric.WithDescription(desc),

@@ -39,8 +39,12 @@ type WorkerSpec struct {
 type Cluster struct {
 	Addrs []string
 	Logs  []string
-	procs []*exec.Cmd
-	done  []chan struct{}
+	// Metrics are the workers' /metrics addresses, in spec order ("" for a
+	// worker started without --metrics-listen).
+	Metrics []string
+	Pids    []int
+	procs   []*exec.Cmd
+	done    []chan struct{}
 }
 
 // StartWorkers starts one `bin serve` per spec on 127.0.0.1 with a port of
@@ -51,18 +55,20 @@ type Cluster struct {
 func StartWorkers(ctx context.Context, bin, logDir string, specs []WorkerSpec) (*Cluster, error) {
 	c := &Cluster{}
 	for _, s := range specs {
-		addr, logPath, err := c.start(ctx, bin, logDir, s)
+		addr, metrics, logPath, err := c.start(ctx, bin, logDir, s)
 		if err != nil {
 			c.Close()
 			return nil, err
 		}
 		c.Addrs = append(c.Addrs, addr)
+		c.Metrics = append(c.Metrics, metrics)
 		c.Logs = append(c.Logs, logPath)
+		c.Pids = append(c.Pids, c.procs[len(c.procs)-1].Process.Pid)
 	}
 	return c, nil
 }
 
-func (c *Cluster) start(ctx context.Context, bin, logDir string, s WorkerSpec) (addr, logPath string, err error) {
+func (c *Cluster) start(ctx context.Context, bin, logDir string, s WorkerSpec) (addr, metrics, logPath string, err error) {
 	args := []string{"serve", "--model", s.Model, "--listen", "127.0.0.1:0", "--instance", s.Name}
 	if s.Threads > 0 {
 		args = append(args, "--threads", strconv.Itoa(s.Threads))
@@ -79,26 +85,30 @@ func (c *Cluster) start(ctx context.Context, bin, logDir string, s WorkerSpec) (
 	logPath = filepath.Join(logDir, s.Name+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
 	defer logf.Close()
 	cmd.Stderr = logf
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
 	if err := startOnCPUs(cmd, s.CPUs); err != nil {
-		return "", "", fmt.Errorf("load: start %s: %w", s.Name, err)
+		return "", "", "", fmt.Errorf("load: start %s: %w", s.Name, err)
 	}
 	done := make(chan struct{})
 	c.procs = append(c.procs, cmd)
 	c.done = append(c.done, done)
-	listening := make(chan string, 1)
+	listening := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
+		var metrics string // printed before the listening line
 		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "shardd: metrics on "); ok {
+				metrics = a
+			}
 			if a, ok := strings.CutPrefix(sc.Text(), "shardd: listening on "); ok {
-				listening <- a
+				listening <- [2]string{a, metrics}
 			}
 		}
 		cmd.Wait()
@@ -108,13 +118,13 @@ func (c *Cluster) start(ctx context.Context, bin, logDir string, s WorkerSpec) (
 	defer tm.Stop()
 	select {
 	case a := <-listening:
-		return a, logPath, nil
+		return a[0], a[1], logPath, nil
 	case <-done:
-		return "", "", fmt.Errorf("load: worker %s exited before listening: %s", s.Name, tail(logPath))
+		return "", "", "", fmt.Errorf("load: worker %s exited before listening: %s", s.Name, tail(logPath))
 	case <-ctx.Done():
-		return "", "", ctx.Err()
+		return "", "", "", ctx.Err()
 	case <-tm.C:
-		return "", "", fmt.Errorf("load: worker %s did not listen within 5 minutes", s.Name)
+		return "", "", "", fmt.Errorf("load: worker %s did not listen within 5 minutes", s.Name)
 	}
 }
 

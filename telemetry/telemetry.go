@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -107,6 +108,10 @@ func (t *Telemetry) setupTraces(ctx context.Context, cfg Config, res *resource.R
 
 func (t *Telemetry) setupMetrics(cfg Config, res *resource.Resource) error {
 	reg := prometheus.NewRegistry()
+	// The Go runtime's and the process's own figures (go_goroutines,
+	// process_resident_memory_bytes, ...): what a soak or an operator
+	// watches for leaks.
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
 	if err != nil {
 		return fmt.Errorf("telemetry: prometheus exporter: %w", err)

@@ -110,6 +110,8 @@ func runServe(args []string) error {
 	defer tel.Shutdown(context.Background())
 	if tel.MetricsAddr != "" {
 		log.Info("metrics", "listen", tel.MetricsAddr)
+		// A line scripts read (--metrics-listen may pick a free port).
+		fmt.Printf("shardd: metrics on %s\n", tel.MetricsAddr)
 	}
 	be, err := llamacpp.OpenMeta(llamacpp.Config{
 		Path: *model, Threads: *threads, MaxSeqs: *sessions + 1, CtxTokens: *ctxTokens, MaxBatch: *batch, Poll: *poll, Verbose: *verbose,
