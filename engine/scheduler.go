@@ -75,6 +75,7 @@ func (s *scheduler) init(e *Engine) error {
 		MaxSessions: e.cfg.MaxSessions,
 		MaxTokens:   e.info.CtxTokens,
 		TTL:         e.cfg.SessionTTL,
+		OnDrop:      s.dropResults,
 	}, func(seq int) { e.be.SeqTrim(seq, 0) }, time.Now)
 	s.results = newResultsCache(e.cfg.ResultsCacheBytes)
 	s.queues = map[string]*sessQueue{}
@@ -524,6 +525,20 @@ func (s *scheduler) keepRecent(sess *kvcache.Session, ref kvcache.StepRef) {
 		}
 		sess.Results = append(sess.Results[:0], sess.Results[extra:]...)
 	}
+}
+
+// dropResults frees the cached results of a session whose state is
+// dropped: a duplicate is recognised through the session's state, so once
+// that is gone the results can never be asked for, and holding them until
+// the byte budget pushes them out would keep their pooled buffers from
+// the pool.
+func (s *scheduler) dropResults(sess *kvcache.Session) {
+	for _, old := range sess.Results {
+		if r, ok := s.results.Remove(resultKey{sess.ID, old.Epoch, old.Step}); ok {
+			r.release()
+		}
+	}
+	sess.Results = sess.Results[:0]
 }
 
 // finish pops w (the head of its session's queue).

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"context"
+
 	"testing"
 
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
@@ -186,6 +188,47 @@ func TestOnlyRecentResultsKept(t *testing.T) {
 	// Still decoding from where it was: nothing was re-applied.
 	if o := s.decodeToken(6, 7, 16); o.ack == nil || o.ack.CacheResult.PastLen != 8 {
 		t.Fatalf("next step: ack %v status %v", o.ack, o.status)
+	}
+}
+
+// A session whose state is dropped takes its cached results with it: on
+// release and on eviction the results cache is emptied of them at once
+// (their buffers back to the pool), not when the byte budget gets to them.
+func TestDroppedSessionFreesResults(t *testing.T) {
+	whole, _ := tinyFiles(t)
+	w := startLlama(t, whole, Config{MaxSessions: 1})
+	held := func() int64 {
+		var n int64
+		waitFor(t, w.eng, func() bool { n = w.eng.sched.results.Cost(); return true })
+		return n
+	}
+	a := w.open(t, "drop-a", 1)
+	if o := a.prefillTokens(1, 1, 2, 3); o.ack == nil {
+		t.Fatal(o.status)
+	}
+	if o := a.decodeToken(2, 3, 4); o.ack == nil {
+		t.Fatal(o.status)
+	}
+	if held() == 0 {
+		t.Fatal("no results cached after two steps")
+	}
+	if _, err := w.client.Release(context.Background(), &shardv1.ReleaseRequest{SchemaVersion: 1, RouteSessionId: "drop-a", RouteEpoch: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n := held(); n != 0 {
+		t.Fatalf("%d bytes of results held after the release", n)
+	}
+
+	b, c := w.open(t, "drop-b", 1), w.open(t, "drop-c", 1)
+	if o := b.prefillTokens(1, 1, 2); o.ack == nil {
+		t.Fatal(o.status)
+	}
+	one := held()
+	if o := c.prefillTokens(1, 5, 6); o.ack == nil { // the only slot: b is evicted
+		t.Fatal(o.status)
+	}
+	if n := held(); n != one {
+		t.Fatalf("after the eviction %d bytes held, want c's %d alone", n, one)
 	}
 }
 

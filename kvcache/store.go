@@ -62,6 +62,10 @@ type Config struct {
 	MaxSessions int // at most this many sessions hold state (<= sequences available)
 	MaxTokens   int // KV tokens across all sessions
 	TTL         time.Duration
+	// OnDrop, when set, is told of a session whose state is dropped
+	// (release, TTL or eviction) before the store forgets it, so the
+	// owner can free what it keeps for the session (cached results).
+	OnDrop func(*Session)
 }
 
 // Store maps route session ids to sessions.
@@ -251,6 +255,9 @@ func (s *Store) reset(sess *Session) {
 }
 
 func (s *Store) drop(sess *Session) {
+	if s.cfg.OnDrop != nil {
+		s.cfg.OnDrop(sess)
+	}
 	s.freeSeq(sess.Seq)
 	s.tokens -= sess.PastLen
 	s.lru.Remove(sess.ID)
