@@ -15,6 +15,11 @@ type Config struct {
 	MaxSessions int
 	// SessionTTL: an idle session's state is dropped after this long.
 	SessionTTL time.Duration
+	// EvictGrace: a session used within this long keeps its state when
+	// another needs its slot or KV tokens; the other is refused
+	// (RESOURCE_EXHAUSTED, retryable). 0: 2s; negative: any idle session
+	// may be evicted.
+	EvictGrace time.Duration
 	// MaxQueue: work items queued or running across all streams; more is
 	// RESOURCE_EXHAUSTED.
 	MaxQueue int
@@ -87,6 +92,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.SessionTTL == 0 {
 		c.SessionTTL = 10 * time.Minute
+	}
+	if c.EvictGrace == 0 {
+		c.EvictGrace = 2 * time.Second
 	}
 	if c.MaxInflightChunks == 0 {
 		c.MaxInflightChunks = 8

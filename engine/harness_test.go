@@ -81,6 +81,9 @@ func quietLog() *slog.Logger {
 // startWorker serves be through an engine; everything stops at cleanup.
 func startWorker(t testing.TB, be backend.Backend, meta gguf.Meta, cfg Config) *worker {
 	t.Helper()
+	if cfg.EvictGrace == 0 {
+		cfg.EvictGrace = -1 // scenarios evict at once unless they test the grace
+	}
 	eng := New(cfg, be, meta, quietLog())
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

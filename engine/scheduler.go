@@ -75,6 +75,7 @@ func (s *scheduler) init(e *Engine) error {
 		MaxSessions: e.cfg.MaxSessions,
 		MaxTokens:   e.info.CtxTokens,
 		TTL:         e.cfg.SessionTTL,
+		EvictGrace:  max(e.cfg.EvictGrace, 0),
 		OnDrop:      s.dropResults,
 	}, func(seq int) { e.be.SeqTrim(seq, 0) }, time.Now)
 	s.results = newResultsCache(e.cfg.ResultsCacheBytes)

@@ -62,6 +62,12 @@ type Config struct {
 	MaxSessions int // at most this many sessions hold state (<= sequences available)
 	MaxTokens   int // KV tokens across all sessions
 	TTL         time.Duration
+	// EvictGrace: a session used within this long is not evicted to make
+	// room for another (the one asking is refused instead, retryably).
+	// Under more sessions than slots, evicting sessions in the middle of a
+	// generation makes every head rebuild and none finish; 0 evicts any
+	// idle session.
+	EvictGrace time.Duration
 	// OnDrop, when set, is told of a session whose state is dropped
 	// (release, TTL or eviction) before the store forgets it, so the
 	// owner can free what it keeps for the session (cached results).
@@ -152,11 +158,19 @@ func (s *Store) CanAdmit(id string) bool {
 		return true
 	}
 	admit := false
+	cutoff := s.evictCutoff()
 	s.lru.All(func(_ string, v *Session) bool {
-		admit = v.Pins == 0
+		admit = s.evictable(v, nil, cutoff)
 		return !admit
 	})
 	return admit
+}
+
+// evictCutoff is the last use before which an idle session may be evicted.
+func (s *Store) evictCutoff() time.Time { return s.now().Add(-s.cfg.EvictGrace) }
+
+func (s *Store) evictable(v, keep *Session, cutoff time.Time) bool {
+	return v.Pins == 0 && v != keep && !v.LastUse.After(cutoff)
 }
 
 // Reserve makes room for n more tokens in sess, evicting other idle sessions
@@ -227,12 +241,14 @@ func (s *Store) Pressure() float64 {
 	return float64(s.tokens) / float64(s.cfg.MaxTokens)
 }
 
-// evictIdle evicts the least recently used unpinned session other than keep.
+// evictIdle evicts the least recently used unpinned session other than
+// keep that has been idle for at least the grace.
 func (s *Store) evictIdle(keep *Session) bool {
 	var victim *Session
+	cutoff := s.evictCutoff()
 	// Walk from the newest; the last idle one seen is the oldest idle one.
 	s.lru.All(func(_ string, v *Session) bool {
-		if v.Pins == 0 && v != keep {
+		if s.evictable(v, keep, cutoff) {
 			victim = v
 		}
 		return true

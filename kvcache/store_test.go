@@ -62,6 +62,42 @@ func TestEvictionBySessions(t *testing.T) {
 	}
 }
 
+// Scenario: with a grace, a session used within it is not evicted for a
+// newcomer (which is refused, for a slot or for KV tokens); once the grace
+// has passed it is.
+func TestEvictGrace(t *testing.T) {
+	h := newHarness(Config{MaxSessions: 1, MaxTokens: 100, EvictGrace: 2 * time.Second})
+	h.begin(t, "a", 1, 10)
+	h.clock = h.clock.Add(time.Second)
+	if h.s.CanAdmit("b") {
+		t.Fatal("admits by evicting a session used a second ago")
+	}
+	if _, err := h.s.Begin("b", 1); !errors.Is(err, ErrNoSlot) {
+		t.Fatalf("begin b within the grace: %v", err)
+	}
+	h.clock = h.clock.Add(time.Second)
+	if !h.s.CanAdmit("b") {
+		t.Fatal("refuses once the grace has passed")
+	}
+	h.begin(t, "b", 1, 10)
+	if _, ok := h.s.Lookup("a"); ok || h.s.Evictions != 1 {
+		t.Fatalf("a survived, evictions %d", h.s.Evictions)
+	}
+
+	// KV tokens: c cannot grow into b's tokens while b is fresh.
+	k := newHarness(Config{MaxSessions: 2, MaxTokens: 100, EvictGrace: 2 * time.Second})
+	k.begin(t, "b", 1, 60)
+	c := k.begin(t, "c", 1, 10)
+	if err := k.s.Reserve(c, 50); !errors.Is(err, ErrKVBudget) {
+		t.Fatalf("reserve within the grace: %v", err)
+	}
+	k.clock = k.clock.Add(3 * time.Second)
+	k.s.Lookup("c")
+	if err := k.s.Reserve(c, 50); err != nil {
+		t.Fatalf("reserve after the grace: %v", err)
+	}
+}
+
 // Scenario: the KV token budget evicts other idle sessions, never the one
 // growing, and refuses when nothing can go.
 func TestEvictionByTokens(t *testing.T) {

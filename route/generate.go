@@ -165,7 +165,7 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 
 	start := time.Now()
 	fed := append([]int32(nil), req.Prompt...)
-	logits, err := g.prefill(fed)
+	logits, err := g.rebuild(fed, 0)
 	if err != nil {
 		return g.stats, err
 	}
@@ -186,8 +186,7 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 		fed = append(fed, tok)
 		logits, err = g.decode(len(fed)-1, tok)
 		if errors.Is(err, errCacheMiss) {
-			g.stats.Recoveries++
-			logits, err = g.prefill(fed)
+			logits, err = g.rebuild(fed, 1)
 		}
 		if err != nil {
 			return g.stats, err
@@ -303,6 +302,25 @@ func (g *gen) close() {
 		for _, h := range g.r.Hops {
 			h.client.Cancel(ctx, &shardv1.CancelRequest{SchemaVersion: 1, RouteSessionId: g.id, RouteEpoch: g.epoch})
 			h.client.Release(ctx, &shardv1.ReleaseRequest{SchemaVersion: 1, RouteSessionId: g.id, RouteEpoch: g.epoch})
+		}
+	}
+}
+
+// rebuild prefills tokens after `misses` cache misses of this step
+// (0 for the prompt's first prefill), starting again from position 0 when
+// a hop declares the session's state gone part way, until maxRebuilds
+// re-prefills in a row have been lost.
+func (g *gen) rebuild(tokens []int32, misses int) ([]float32, error) {
+	for ; ; misses++ {
+		if misses > 0 {
+			if misses > maxRebuilds {
+				return nil, fmt.Errorf("%w: %d re-prefills in a row were dropped", ErrStateLost, maxRebuilds)
+			}
+			g.stats.Recoveries++
+		}
+		logits, err := g.prefill(tokens)
+		if !errors.Is(err, errCacheMiss) {
+			return logits, err
 		}
 	}
 }

@@ -94,8 +94,17 @@ var (
 	ErrResponse = errors.New("route: a worker's response is unusable")
 	// ErrUnreachable: a hop did not answer within the step timeout.
 	ErrUnreachable = errors.New("route: worker unreachable")
-	errCacheMiss   = errors.New("route: cache miss")
+	// ErrStateLost: a worker kept dropping the session's state (a declared
+	// CACHE_MISS, e.g. evicted for a newer session) faster than the head
+	// could rebuild it; see maxRebuilds.
+	ErrStateLost = errors.New("route: a worker kept dropping the session's state")
+	errCacheMiss = errors.New("route: cache miss")
 )
+
+// maxRebuilds bounds the re-prefills in a row that one step may take after
+// cache misses: a worker short of slots or KV can evict a session between
+// the chunks of its prefill, and again during the rebuild.
+const maxRebuilds = 3
 
 // RefusedError is a worker's structured refusal of a unit of work (its
 // ShardStatus error). It matches ErrRefused with errors.Is.

@@ -55,6 +55,7 @@ func runServe(args []string) error {
 	chunkBytes := fs.Uint64("max-chunk-bytes", 8<<20, "largest serialized chunk message")
 	chunkTokens := fs.Uint("max-prefill-chunk-tokens", 512, "most tokens in one prefill chunk")
 	ttl := fs.Duration("session-ttl", 10*time.Minute, "drop an idle session's KV state after this long")
+	evictGrace := fs.Duration("evict-grace", 2*time.Second, "a session used within this long is not evicted to make room for another; the newcomer is refused RESOURCE_EXHAUSTED (retryable) instead (negative: evict any idle session)")
 	resultsBytes := fs.Int64("results-cache-bytes", 64<<20, "bytes of finished results kept to answer duplicate steps (idempotency); the oldest go first")
 	boundary := fs.String("boundary", "bf16", "dtype of hidden states sent to the next shard: bf16 (the contract's canonical) or f32 (exact)")
 	requireCRC := fs.Bool("require-checksum", true, "refuse tensors without a CRC32C")
@@ -123,7 +124,7 @@ func runServe(args []string) error {
 	defer be.Close()
 
 	eng := engine.New(engine.Config{
-		MaxSessions: *sessions, SessionTTL: *ttl, MaxQueue: *queue,
+		MaxSessions: *sessions, SessionTTL: *ttl, EvictGrace: *evictGrace, MaxQueue: *queue,
 		IterationTokens: *iterTokens, PrefillIterationTokens: *prefillTokens, DecodeQuiet: *decodeQuiet, DecodeBudget: *decodeBudget,
 		DecodeGroups: *decodeGroups, GatherWindow: *gatherWindow,
 		MaxInflightChunks: uint32(*inflight), MaxChunkBytes: *chunkBytes, MaxPrefillChunkTokens: uint32(*chunkTokens),
