@@ -22,7 +22,7 @@ BENCHCOUNT ?= 6
 
 APT_PKGS := protobuf-compiler nlohmann-json3-dev libstb-dev chromium
 
-.PHONY: all deps tools generate check-generate build test vet unit fuzz fuzz-long bench demo clean
+.PHONY: all deps tools generate check-generate build test vet unit fuzz fuzz-long soak bench demo clean
 
 all: build
 
@@ -107,6 +107,19 @@ fuzz: deps
 ## executions per target and in all.
 fuzz-long: deps
 	@FUZZLONG=$(or $(FUZZLONG),10m) GO="$(GO)" scripts/fuzz-long.sh $(FUZZ_TARGETS)
+
+## soak: not part of `make test`. For SOAKTIME (10m), 256 sessions open,
+## prefill, decode, cancel, stop, abandon and time out at random through a
+## 2-shard route of real workers, while fault proxies reset connections
+## mid-message, stall them and stop reading; then it checks tokens,
+## goroutines, pooled buffers, RSS and that the workers still serve
+## (cmd/shardd/soak_test.go). Figures and worker logs go to SOAK_DIR.
+## SOAKTIMEOUT must exceed SOAKTIME by about 10 minutes.
+SOAKTIME ?= 10m
+SOAKTIMEOUT ?= 30m
+SOAK_DIR ?= $(CURDIR)/out/soak
+soak: deps
+	SHARDD_SOAK=$(SOAKTIME) SHARDD_SOAK_DIR=$(SOAK_DIR) $(GO) test -count=1 -run '^TestSoak$$' -v -timeout $(SOAKTIMEOUT) ./cmd/shardd
 
 ## demo: the first command to run. Builds shardd, generates the tiny model,
 ## splits it in two, serves each half with its own shardd on loopback,

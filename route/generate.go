@@ -33,6 +33,10 @@ type Request struct {
 	// Stop ends the generation after a token for which it returns true
 	// (an end-of-generation token); nil never stops early.
 	Stop func(tok int32) bool
+	// Logits, when set, sees each position's logits before the token is
+	// sampled from them (n counts tokens from 0). The slice is valid only
+	// during the call.
+	Logits func(n int, logits []float32)
 }
 
 // HopStats is what one hop cost during a generation.
@@ -171,6 +175,9 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 	}
 	sm := newSampler(req.Sampling)
 	for n := 0; n < req.MaxTokens; n++ {
+		if req.Logits != nil {
+			req.Logits(n, logits)
+		}
 		tok := sm.next(logits)
 		if n == 0 {
 			g.stats.Prefill = time.Since(start)

@@ -11,6 +11,7 @@ import (
 	"github.com/meshnet/shardd/backend/backendtest"
 	"github.com/meshnet/shardd/engine"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/argmax"
 )
 
 // A worker with one session slot evicts a generation between the chunks of
@@ -81,5 +82,35 @@ func TestPrefillRebuildsAfterEviction(t *testing.T) {
 	_, st, err = generate()
 	if !errors.Is(err, ErrStateLost) || st.Recoveries != maxRebuilds {
 		t.Fatalf("evicted during every rebuild: %v after %d recoveries, want ErrStateLost after %d", err, st.Recoveries, maxRebuilds)
+	}
+}
+
+// Request.Logits sees the logits each token was sampled from, in order.
+func TestLogitsHook(t *testing.T) {
+	addrs := backendtest.ServeRoute(t, 2, 0, engine.Config{})
+	r, err := Dial(context.Background(), addrs, Options{StepTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var toks []int32
+	var seen [][]float32
+	_, err = r.Generate(context.Background(), Request{Prompt: []int32{3, 1, 4}, MaxTokens: 5,
+		Logits: func(n int, l []float32) {
+			if n != len(seen) {
+				t.Errorf("logits for token %d after %d", n, len(seen))
+			}
+			seen = append(seen, slices.Clone(l))
+		}}, func(tok int32) error { toks = append(toks, tok); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != len(toks) || len(toks) != 5 {
+		t.Fatalf("%d logits rows for %d tokens", len(seen), len(toks))
+	}
+	for i, l := range seen {
+		if argmax.Index(l) != toks[i] {
+			t.Fatalf("token %d is %d, its logits' argmax %d", i, toks[i], argmax.Index(l))
+		}
 	}
 }
