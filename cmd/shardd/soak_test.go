@@ -82,7 +82,8 @@ type soakConfig struct {
 	Seed      uint64
 	MaxTokens int
 	Dir       string
-	Faults    bool // SHARDD_SOAK_FAULTS=off runs the load alone
+	Faults    bool     // SHARDD_SOAK_FAULTS=off runs the load alone
+	Args      []string // SHARDD_SOAK_ARGS: more serve flags, after the soak's
 }
 
 func soakConfigFromEnv(t *testing.T) soakConfig {
@@ -95,7 +96,7 @@ func soakConfigFromEnv(t *testing.T) soakConfig {
 		t.Fatalf("SHARDD_SOAK=%q: want a positive duration", spec)
 	}
 	cfg := soakConfig{Duration: d, Sessions: 256, Seed: 1, MaxTokens: 48, Dir: os.Getenv("SHARDD_SOAK_DIR"),
-		Faults: os.Getenv("SHARDD_SOAK_FAULTS") != "off"}
+		Faults: os.Getenv("SHARDD_SOAK_FAULTS") != "off", Args: strings.Fields(os.Getenv("SHARDD_SOAK_ARGS"))}
 	if v := os.Getenv("SHARDD_SOAK_SESSIONS"); v != "" {
 		if cfg.Sessions, err = strconv.Atoi(v); err != nil || cfg.Sessions < 1 {
 			t.Fatalf("SHARDD_SOAK_SESSIONS=%q", v)
@@ -119,6 +120,7 @@ type soakReport struct {
 	Duration     string           `json:"duration"`
 	Sessions     int              `json:"sessions"`
 	Seed         uint64           `json:"seed"`
+	WorkerArgs   []string         `json:"worker_args"`
 	Outcomes     map[string]int64 `json:"outcomes"`
 	Errors       map[string]int64 `json:"errors"`
 	Tokens       int64            `json:"tokens"`
@@ -389,6 +391,7 @@ func TestSoak(t *testing.T) {
 	// cache, so its bound is reached.
 	args := []string{"--boundary", "f32", "--max-sessions", "64", "--ctx-tokens", "6144", "--session-ttl", "20s",
 		"--results-cache-bytes", strconv.Itoa(8 << 20), "--metrics-listen", "127.0.0.1:0", "--log-level", "warn"}
+	args = append(args, cfg.Args...)
 	var specs []load.WorkerSpec
 	for i, sh := range shards {
 		specs = append(specs, load.WorkerSpec{Model: sh, Name: fmt.Sprintf("soak-w%d", i), Threads: 1, Args: args})
@@ -428,7 +431,7 @@ func TestSoak(t *testing.T) {
 	if _, err := head.Generate(ctx, route.Request{Prompt: prompts[0], MaxTokens: 4}, func(int32) error { return nil }); err != nil {
 		t.Fatalf("first generation: %v", err)
 	}
-	rep := soakReport{Duration: cfg.Duration.String(), Sessions: cfg.Sessions, Seed: cfg.Seed, Faults: map[string]int64{}}
+	rep := soakReport{Duration: cfg.Duration.String(), Sessions: cfg.Sessions, Seed: cfg.Seed, WorkerArgs: args, Faults: map[string]int64{}}
 	for i, a := range cl.Metrics {
 		idle, err := settle(a, idleSet{Goroutines: math.Inf(1), Buffers: math.Inf(1)}, 30*time.Second)
 		if err != nil {
