@@ -10,6 +10,7 @@
 package wireerr
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -79,14 +80,35 @@ func Wrap(sentinel *Error, cause error) error {
 // Internal is the code of any error that carries no sentinel.
 var Internal = New(shardv1.ErrorCode_ERROR_CODE_INTERNAL, "internal error")
 
+// Cancelled and Expired are what a context's end without a sentinel maps
+// to: the peer went away or its deadline passed while the work waited, which
+// is not a fault of the worker (the soak saw a session open end so as
+// INTERNAL).
+var (
+	Cancelled = New(shardv1.ErrorCode_ERROR_CODE_CANCELLED, "cancelled")
+	Expired   = New(shardv1.ErrorCode_ERROR_CODE_DEADLINE_EXCEEDED, "deadline exceeded")
+)
+
+// unsentineled is the sentinel an error without one maps to.
+func unsentineled(err error) *Error {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return Cancelled
+	case errors.Is(err, context.DeadlineExceeded):
+		return Expired
+	}
+	return Internal
+}
+
 // CodeOf returns the contract code for err: the code of the first sentinel in
-// its chain, or ERROR_CODE_INTERNAL.
+// its chain, CANCELLED or DEADLINE_EXCEEDED for a context's end, or
+// ERROR_CODE_INTERNAL.
 func CodeOf(err error) shardv1.ErrorCode {
 	var e *Error
 	if errors.As(err, &e) {
 		return e.code
 	}
-	return shardv1.ErrorCode_ERROR_CODE_INTERNAL
+	return unsentineled(err).code
 }
 
 // maxDetail bounds the detail a peer receives.
@@ -108,7 +130,8 @@ func ToShardError(err error) *shardv1.ShardError {
 	case errors.As(err, &e):
 		out.Code, out.Retryable, out.Detail = e.code, e.retryable, e.msg
 	default:
-		out.Code, out.Detail = Internal.code, Internal.msg
+		u := unsentineled(err)
+		out.Code, out.Retryable, out.Detail = u.code, u.retryable, u.msg
 	}
 	if len(out.Detail) > maxDetail {
 		out.Detail = out.Detail[:maxDetail]

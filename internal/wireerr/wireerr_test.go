@@ -1,6 +1,7 @@
 package wireerr
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -23,6 +24,8 @@ func TestToShardErrorSanitizes(t *testing.T) {
 		{"wrapped cause hidden", Wrap(errSample, cause), shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT, "test: sample refusal: see worker log"},
 		{"fmt wrapped", fmt.Errorf("stage: %w", errSample), shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT, "test: sample refusal"},
 		{"raw error", cause, shardv1.ErrorCode_ERROR_CODE_INTERNAL, "internal error"},
+		{"context cancelled", fmt.Errorf("open: %w", context.Canceled), shardv1.ErrorCode_ERROR_CODE_CANCELLED, "cancelled"},
+		{"context deadline", context.DeadlineExceeded, shardv1.ErrorCode_ERROR_CODE_DEADLINE_EXCEEDED, "deadline exceeded"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -30,7 +33,10 @@ func TestToShardErrorSanitizes(t *testing.T) {
 			if got.Code != tt.wantCode || got.Detail != tt.wantDetail {
 				t.Fatalf("got (%v, %q), want (%v, %q)", got.Code, got.Detail, tt.wantCode, tt.wantDetail)
 			}
-			if !errors.Is(tt.err, errSample) && tt.wantCode != shardv1.ErrorCode_ERROR_CODE_INTERNAL {
+			if CodeOf(tt.err) != tt.wantCode {
+				t.Fatalf("CodeOf %v, want %v", CodeOf(tt.err), tt.wantCode)
+			}
+			if !errors.Is(tt.err, errSample) && tt.wantCode == shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT {
 				t.Fatalf("errors.Is lost the sentinel")
 			}
 		})
