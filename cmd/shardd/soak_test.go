@@ -375,7 +375,13 @@ var errAbandon = errors.New("soak: the head abandons the generation")
 func TestSoak(t *testing.T) {
 	cfg := soakConfigFromEnv(t)
 	ctx := context.Background()
-	bin, model := buildShardd(t, cfg.Dir), tinyModel(t, cfg.Dir)
+	// SHARDD_SOAK_BIN soaks a binary built elsewhere (a release, or the
+	// other side of a comparison); by default the tree is built.
+	bin := os.Getenv("SHARDD_SOAK_BIN")
+	if bin == "" {
+		bin = buildShardd(t, cfg.Dir)
+	}
+	model := tinyModel(t, cfg.Dir)
 	meta, err := gguf.Read(model)
 	if err != nil {
 		t.Fatal(err)
