@@ -59,6 +59,7 @@ type Engine struct {
 	// The cost model (seconds, float64 bits) and the decode budget's record.
 	statCostBase, statCostRow      atomic.Uint64
 	statBudgetRuns, statBudgetHits atomic.Int64
+	statDueWaits                   atomic.Int64 // prefill-only iterations held back for a due decode step
 	statBusy                       atomic.Int64 // nanoseconds in forward calls
 
 	obs observer

@@ -25,18 +25,70 @@ type gatherer struct {
 	last map[string]time.Time
 	// since: when the current hold began (zero: not holding).
 	since time.Time
+	// gap: per decoding session, the smoothed time from completing a step
+	// to its next decode step arriving (one trip round the rest of the
+	// route and the head); queued: sessions whose next step has arrived
+	// and not completed. Together they say when the next decode step is
+	// due, which a prefill-only iteration must not delay (due).
+	gap    map[string]ewma
+	queued map[string]bool
 }
 
 // done records that session id completed a decode step (or its prompt).
 func (g *gatherer) done(id string, now time.Time) {
 	if g.last == nil {
-		g.last = map[string]time.Time{}
+		g.last, g.gap, g.queued = map[string]time.Time{}, map[string]ewma{}, map[string]bool{}
 	}
 	g.last[id] = now
+	delete(g.queued, id)
+}
+
+// arrived records that session id's decode step arrived.
+func (g *gatherer) arrived(id string, now time.Time) {
+	t, ok := g.last[id]
+	if !ok {
+		return
+	}
+	if !g.queued[id] {
+		a := g.gap[id]
+		a.add(now.Sub(t))
+		g.gap[id] = a
+	}
+	g.queued[id] = true
 }
 
 // forget drops a released session.
-func (g *gatherer) forget(id string) { delete(g.last, id) }
+func (g *gatherer) forget(id string) {
+	delete(g.last, id)
+	delete(g.gap, id)
+	delete(g.queued, id)
+}
+
+// due returns when the next decode step is expected: the earliest, over the
+// decoding sessions whose next step has not arrived, of their last
+// completion plus their usual gap. A step overdue by more than its gap (at
+// least dueSlack) is not counted: its session is thinking, or has ended.
+func (g *gatherer) due(now time.Time) (time.Time, bool) {
+	var first time.Time
+	for id, t := range g.last {
+		a, ok := g.gap[id]
+		if !ok || !a.ok || g.queued[id] {
+			continue
+		}
+		at := t.Add(a.v)
+		if now.Sub(at) > max(a.v, dueSlack) {
+			continue
+		}
+		if first.IsZero() || at.Before(first) {
+			first = at
+		}
+	}
+	return first, !first.IsZero()
+}
+
+// dueSlack is the least time a due decode step is waited for past its
+// expected arrival.
+const dueSlack = 2 * time.Millisecond
 
 // decoding counts the sessions that completed a decode step within recent
 // of now, forgetting older ones.
@@ -44,7 +96,7 @@ func (g *gatherer) decoding(now time.Time, recent time.Duration) int {
 	n := 0
 	for id, t := range g.last {
 		if now.Sub(t) > recent {
-			delete(g.last, id)
+			g.forget(id)
 			continue
 		}
 		n++

@@ -82,3 +82,53 @@ func TestGatherDecodingSessions(t *testing.T) {
 		t.Fatal("a quiet session is still remembered")
 	}
 }
+
+// When the next decode step is due: each session's last completion plus
+// its usual gap, skipping sessions whose step has arrived and steps
+// overdue by more than their gap (at least dueSlack).
+func TestGatherDue(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms float64) time.Time { return t0.Add(time.Duration(ms * float64(time.Millisecond))) }
+	var g gatherer
+	if _, ok := g.due(at(0)); ok {
+		t.Fatal("due with no session")
+	}
+	// a: completes at 0, its step comes back 3 ms later, twice.
+	g.done("a", at(0))
+	if _, ok := g.due(at(1)); ok {
+		t.Fatal("due before any gap was seen")
+	}
+	g.arrived("a", at(3))
+	if _, ok := g.due(at(3.5)); ok {
+		t.Fatal("due while a's step is queued")
+	}
+	g.done("a", at(10))
+	g.arrived("a", at(13))
+	g.done("a", at(20))
+	if d, ok := g.due(at(21)); !ok || !d.Equal(at(23)) {
+		t.Fatalf("due %v %v, want 23 ms", d.Sub(t0), ok)
+	}
+	// b: a longer gap, 8 ms; a's step stays the first due.
+	g.done("b", at(0))
+	g.arrived("b", at(8))
+	g.done("b", at(19))
+	if d, _ := g.due(at(21)); !d.Equal(at(23)) {
+		t.Fatalf("due %v, want a's 23 ms", d.Sub(t0))
+	}
+	// a overdue by more than max(gap, dueSlack) = 3 ms: b's 27 ms.
+	if d, _ := g.due(at(26.5)); !d.Equal(at(27)) {
+		t.Fatalf("due %v, want b's 27 ms", d.Sub(t0))
+	}
+	// A duplicate arrival does not count as a gap; a released session is
+	// forgotten.
+	g.arrived("b", at(30))
+	g.arrived("b", at(90))
+	g.done("b", at(31))
+	if d, _ := g.due(at(32)); !d.Equal(at(31).Add(g.gap["b"].v)) || g.gap["b"].v != 8*time.Millisecond+(11*time.Millisecond-8*time.Millisecond)/8 {
+		t.Fatalf("b's gap %v", g.gap["b"].v)
+	}
+	g.forget("b")
+	if _, ok := g.due(at(32)); ok {
+		t.Fatal("a released session is still due")
+	}
+}

@@ -114,6 +114,7 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	gauge("shardd.cost.per_row", "cost model: seconds per batch row", func() float64 { return math.Float64frombits(e.statCostRow.Load()) })
 	counter("shardd.decode_budget.iterations", "iterations with decode rows under a decode budget", e.statBudgetRuns.Load)
 	counter("shardd.decode_budget.kept", "of those, iterations whose forward kept the budget", e.statBudgetHits.Load)
+	counter("shardd.decode_due.waits", "prefill-only iterations not started because a decode step was due before one prefill token would finish", e.statDueWaits.Load)
 	o.occupancy, _ = m.Int64Histogram("shardd.batch.rows", metric.WithDescription("rows in each forward call"),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512))
 	gauge("shardd.forward.busy", "seconds spent in forward calls since start (its rate is the backend's utilization)", func() float64 { return float64(e.statBusy.Load()) / 1e9 })

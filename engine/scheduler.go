@@ -48,6 +48,9 @@ type scheduler struct {
 	// budgetRuns and budgetHits count iterations with decode rows and
 	// those whose forward kept the decode budget.
 	budgetRuns, budgetHits int64
+	// dueWaits counts prefill-only iterations not started because a decode
+	// step was due before even one prefill token would have finished.
+	dueWaits int64
 	// preempted: the last prefill-only iteration was preempted, so the
 	// next one runs to its end.
 	preempted bool
@@ -191,6 +194,9 @@ func (s *scheduler) enqueue(w *work) {
 	}
 	q.items = append(q.items, w)
 	s.pending++
+	if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE {
+		s.gather.arrived(w.st.id, time.Now())
+	}
 	if sess, ok := s.store.Peek(w.st.id); ok {
 		s.pin(w, sess) // queued work keeps its session from eviction
 	}
@@ -281,8 +287,24 @@ func (s *scheduler) iterate() {
 		}
 	case now.Sub(s.lastDecode) < e.cfg.DecodeQuiet:
 		// A decode step is likely on its way: give prefill no more than it
-		// would get beside it.
+		// would get beside it, and no more than ends before the step is
+		// due. When not even one token would, wait for the step: it then
+		// runs at once, with prefill tokens beside it.
 		budget = max(e.cfg.IterationTokens, s.cost.fit(s.lastDecodeRows, s.decodeBudget(s.lastDecodeRows)))
+		if due, ok := s.gather.due(now); ok && e.cfg.DecodeBudget >= 0 {
+			if _, ready := s.cost.predict(1); ready {
+				n := s.cost.fit(0, due.Sub(now))
+				if n == 0 {
+					if due.Before(now) {
+						due = now
+					}
+					s.wake = due.Add(dueSlack)
+					s.dueWaits++
+					return
+				}
+				budget = min(budget, n)
+			}
+		}
 	}
 	budget = min(budget, e.info.MaxBatch)
 
@@ -765,6 +787,7 @@ func (s *scheduler) publish(rows int) {
 	e.statResults.Store(s.results.Cost())
 	e.statBudgetRuns.Store(s.budgetRuns)
 	e.statBudgetHits.Store(s.budgetHits)
+	e.statDueWaits.Store(s.dueWaits)
 	if base, perRow, ok := s.cost.coef(); ok {
 		e.statCostBase.Store(math.Float64bits(base))
 		e.statCostRow.Store(math.Float64bits(perRow))
