@@ -103,8 +103,9 @@ fuzz: deps
 	  echo "fuzz: $$fn ($(FUZZTIME))"; \
 	  $(GO) test $$race -tags invariants -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
 
-## fuzz-long: every fuzz target for FUZZLONG each (default 10m), printing the
-## executions per target and in all.
+## fuzz-long: every fuzz target for FUZZLONG each (default 10m; a count
+## such as 5000000x gives exact totals, see scripts/fuzz-long.sh), printing
+## the executions per target and in all.
 fuzz-long: deps
 	@FUZZLONG=$(or $(FUZZLONG),10m) GO="$(GO)" scripts/fuzz-long.sh $(FUZZ_TARGETS)
 
