@@ -47,6 +47,9 @@ type HopStats struct {
 	// output chunk, or the Ack or status when there is none), seen by the
 	// head; Exec is the execution time the worker reported in the Ack.
 	Wall, Exec time.Duration
+	// Output is the dtype of the hidden states the hop returned (a hop
+	// before the last), e.g. DTYPE_BFLOAT16: where the route rounds.
+	Output shardv1.DType
 }
 
 // Stats describe a finished generation.
@@ -398,6 +401,9 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 		}
 		if err := g.checkOutput(i, out, len(ids)); err != nil {
 			return nil, err
+		}
+		if i < len(g.streams)-1 {
+			g.stats.Hops[i].Output = out[0].GetDtype()
 		}
 		tensors = out
 	}

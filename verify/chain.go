@@ -81,6 +81,9 @@ func (c *Chain) Forward(rows []Row) ([]float32, error) {
 				err = b.AddToken(row.Seq, row.Pos, row.Token, row.Output)
 			case c.boundary == BF16:
 				c.scratch = dtype.AppendF32ToBF16(c.scratch[:0], hidden[r*h:(r+1)*h])
+				if Corrupt != nil {
+					Corrupt(c.scratch)
+				}
 				err = b.AddHiddenBF16(row.Seq, row.Pos, c.scratch, row.Output)
 			default:
 				err = b.AddHiddenF32(row.Seq, row.Pos, hidden[r*h:(r+1)*h], row.Output)

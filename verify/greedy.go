@@ -8,10 +8,12 @@ import (
 
 // Greedy runs the whole model in this process and returns the n tokens it
 // generates greedily after prompt: the reference a route's output is
-// checked against.
-func Greedy(model string, prompt []int32, n, threads int) ([]int32, error) {
+// checked against. roundAfter lists the layers after which the model's
+// residual stream is rounded to bf16, as a route with bf16 boundaries
+// there computes (none: the unrounded model, what an f32 route computes).
+func Greedy(model string, prompt []int32, n, threads int, roundAfter ...int) ([]int32, error) {
 	be, err := llamacpp.Open(llamacpp.Config{Path: model, Threads: threads, MaxSeqs: 1,
-		CtxTokens: len(prompt) + n + 1, MaxBatch: max(len(prompt), 1)})
+		CtxTokens: len(prompt) + n + 1, MaxBatch: max(len(prompt), 1), RoundBF16: roundAfter})
 	if err != nil {
 		return nil, err
 	}

@@ -34,24 +34,58 @@ type Config struct {
 	Log        func(format string, args ...any)
 }
 
-// Result is one split compared with the whole model.
+// Result is one split compared with its reference: the whole model at an
+// f32 boundary; at a bf16 boundary, the whole model with its residual
+// stream rounded to bf16 after each boundary layer (Config.RoundBF16 of
+// backend/llamacpp), which computes what the route computes.
 type Result struct {
 	Shards   int
 	Boundary Boundary
-	Rows     int     // logit rows compared
-	MaxDiff  float32 // largest |split - whole| over every logit
-	// Identical: every logit bitwise equal.
+	// RoundedAfter lists the layers after which the reference rounds (bf16
+	// boundaries only).
+	RoundedAfter []int
+	Rows         int     // logit rows compared
+	MaxDiff      float32 // largest |split - reference| over every logit
+	// Identical: every logit bitwise equal to the reference.
 	Identical bool
-	// ArgmaxAgree counts rows whose greedy token matches the whole model's.
+	// FirstDiff is the first row (in script order) that differs, -1 when
+	// none.
+	FirstDiff int
+	// ArgmaxAgree counts rows whose greedy token matches the reference's.
+	ArgmaxAgree int
+	// Against the unrounded whole model (bf16 boundaries): the largest
+	// logit difference, the rows whose greedy token differs, and the
+	// largest margin by which the unrounded model preferred its own token
+	// at such a row (a near-tie that the rounding flipped).
+	Unrounded Drift
+}
+
+// Drift is a bf16 route measured against the unrounded whole model.
+type Drift struct {
+	MaxDiff     float32
+	Flips       int
+	FlipMargin  float32
 	ArgmaxAgree int
 }
 
 func (r Result) String() string {
 	verdict := "bitwise identical"
 	if !r.Identical {
-		verdict = fmt.Sprintf("max |diff| %.3g, greedy token agrees on %d/%d rows", r.MaxDiff, r.ArgmaxAgree, r.Rows)
+		verdict = fmt.Sprintf("DIFFERS from row %d: max |diff| %.3g, greedy token agrees on %d/%d rows", r.FirstDiff, r.MaxDiff, r.ArgmaxAgree, r.Rows)
 	}
-	return fmt.Sprintf("%d shards, %s boundary: %d logit rows, %s", r.Shards, r.Boundary, r.Rows, verdict)
+	ref := "the whole model"
+	if r.Boundary == BF16 {
+		ref = fmt.Sprintf("the whole model rounded to bf16 after layers %v", r.RoundedAfter)
+	}
+	out := fmt.Sprintf("%d shards, %s boundary: %d logit rows, %s to %s", r.Shards, r.Boundary, r.Rows, verdict, ref)
+	if r.Boundary == BF16 {
+		u := r.Unrounded
+		out += fmt.Sprintf("; against the unrounded model: max |diff| %.3g, %d greedy tokens flipped", u.MaxDiff, u.Flips)
+		if u.Flips > 0 {
+			out += fmt.Sprintf(" (near-ties: margins up to %.3g)", u.FlipMargin)
+		}
+	}
+	return out
 }
 
 // reference runs the whole model, choosing each next token greedily, and
@@ -122,40 +156,72 @@ func reference(full backend.Backend, decode int) ([]Step, [][]float32, error) {
 	return steps, logits, nil
 }
 
-// replay runs the script on a chain and compares with the reference logits.
-func replay(c *Chain, steps []Step, want [][]float32, vocab int) (Result, error) {
-	res := Result{Identical: true}
-	k := 0
+// replay runs the script on a chain and returns every logit row it
+// produced, in order.
+func replay(c *Chain, steps []Step, vocab int) ([][]float32, error) {
+	var rows [][]float32
 	for _, st := range steps {
 		if st.Rewind {
 			if err := c.Trim(st.RewindSeq, st.RewindTo); err != nil {
-				return res, err
+				return nil, err
 			}
 		}
 		out, err := c.Forward(st.Rows)
 		if err != nil {
-			return res, err
+			return nil, err
 		}
 		for o := 0; o*vocab < len(out); o++ {
-			got, ref := out[o*vocab:(o+1)*vocab], want[k]
-			k++
-			res.Rows++
-			for i := range got {
-				if math.Float32bits(got[i]) != math.Float32bits(ref[i]) {
-					res.Identical = false
-					res.MaxDiff = max(res.MaxDiff, float32(math.Abs(float64(got[i]-ref[i]))))
-				}
-			}
-			if argmax.Index(got) == argmax.Index(ref) {
-				res.ArgmaxAgree++
-			}
+			rows = append(rows, append([]float32(nil), out[o*vocab:(o+1)*vocab]...))
 		}
 	}
-	if k != len(want) {
-		return res, fmt.Errorf("verify: compared %d logit rows, reference has %d", k, len(want))
-	}
-	return res, nil
+	return rows, nil
 }
+
+// compare sets res's comparison of got with the reference want.
+func compare(res *Result, got, want [][]float32) error {
+	if len(got) != len(want) {
+		return fmt.Errorf("verify: %d logit rows, reference has %d", len(got), len(want))
+	}
+	res.Identical, res.FirstDiff, res.Rows = true, -1, len(got)
+	for k := range got {
+		for i := range got[k] {
+			if math.Float32bits(got[k][i]) != math.Float32bits(want[k][i]) {
+				if res.Identical {
+					res.FirstDiff = k
+				}
+				res.Identical = false
+				res.MaxDiff = max(res.MaxDiff, float32(math.Abs(float64(got[k][i]-want[k][i]))))
+			}
+		}
+		if argmax.Index(got[k]) == argmax.Index(want[k]) {
+			res.ArgmaxAgree++
+		}
+	}
+	return nil
+}
+
+// drift measures got against the unrounded whole model's rows.
+func drift(got, whole [][]float32) Drift {
+	var d Drift
+	for k := range got {
+		for i := range got[k] {
+			d.MaxDiff = max(d.MaxDiff, float32(math.Abs(float64(got[k][i]-whole[k][i]))))
+		}
+		g, w := argmax.Index(got[k]), argmax.Index(whole[k])
+		if g == w {
+			d.ArgmaxAgree++
+			continue
+		}
+		d.Flips++
+		d.FlipMargin = max(d.FlipMargin, whole[k][w]-whole[k][g])
+	}
+	return d
+}
+
+// Corrupt, when set (tests only), changes the bf16 chain's boundary
+// values before they cross, e.g. one value by one bf16 ulp, to prove the
+// comparison sees it.
+var Corrupt func(hidden []byte)
 
 // Run splits cfg.Model each way in cfg.Splits and compares every split, at
 // every boundary dtype, with the whole model.
@@ -213,30 +279,65 @@ func Run(cfg Config) ([]Result, error) {
 			}
 			shards = append(shards, b)
 		}
+		ranges := gguf.EvenRanges(meta.BlockCount, n)
 		for _, bd := range cfg.Boundaries {
-			for _, s := range shards {
-				for seq := range 2 {
-					s.SeqTrim(seq, 0)
-				}
-			}
-			c, err := NewChain(shards, bd)
+			r, err := compareSplit(shards, ranges, bd, steps, want, vocab, func(round []int) (backend.Backend, error) {
+				return llamacpp.Open(llamacpp.Config{Path: cfg.Model, Threads: cfg.Threads, MaxSeqs: 2, CtxTokens: 256, MaxBatch: 64, RoundBF16: round})
+			})
 			if err != nil {
 				closeAll(shards)
 				return results, err
 			}
-			r, err := replay(c, steps, want, vocab)
-			c.Close()
-			if err != nil {
-				closeAll(shards)
-				return results, err
-			}
-			r.Shards, r.Boundary = n, bd
+			r.Shards = n
 			logf("%s", r)
 			results = append(results, r)
 		}
 		closeAll(shards)
 	}
 	return results, nil
+}
+
+// compareSplit replays the script on the shards at boundary bd and compares
+// with the reference: want (the whole model) at f32; at bf16, the whole
+// model opened by rounded with the boundary layers rounded, and want is
+// the unrounded model the drift is measured against.
+func compareSplit(shards []backend.Backend, ranges []gguf.Range, bd Boundary, steps []Step, want [][]float32, vocab int,
+	rounded func(round []int) (backend.Backend, error)) (Result, error) {
+	res := Result{Boundary: bd}
+	run := func(bs []backend.Backend, bd Boundary) ([][]float32, error) {
+		for _, s := range bs {
+			for seq := range 2 {
+				s.SeqTrim(seq, 0)
+			}
+		}
+		c, err := NewChain(bs, bd)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		return replay(c, steps, vocab)
+	}
+	got, err := run(shards, bd)
+	if err != nil {
+		return res, err
+	}
+	ref := want
+	if bd == BF16 {
+		for _, r := range ranges[:len(ranges)-1] {
+			res.RoundedAfter = append(res.RoundedAfter, r.End-1)
+		}
+		whole, err := rounded(res.RoundedAfter)
+		if err != nil {
+			return res, err
+		}
+		ref, err = run([]backend.Backend{whole}, F32)
+		whole.Close()
+		if err != nil {
+			return res, err
+		}
+		res.Unrounded = drift(got, want)
+	}
+	return res, compare(&res, got, ref)
 }
 
 func closeAll(bs []backend.Backend) {

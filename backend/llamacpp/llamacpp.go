@@ -76,6 +76,13 @@ type Config struct {
 	PinThreads bool
 	// Verbose passes llama.cpp's info logs through.
 	Verbose bool
+	// RoundBF16 lists layers (of this file, from 0) whose output, the
+	// residual stream l_out-<i>, is rounded to bf16 in place as soon as it
+	// is computed, as the wire rounds it at a bf16 boundary after layer i:
+	// the whole model then computes what such a route computes, the
+	// reference `verify` compares a bf16 route with bitwise. Never set on
+	// a serving worker.
+	RoundBF16 []int
 }
 
 var initOnce sync.Once
@@ -158,8 +165,17 @@ func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
 		b.Close()
 		return nil, fmt.Errorf("llamacpp: loaded %d layers, file declares %d", b.info.Layers, meta.BlockCount)
 	}
-	if !b.info.LogitsOut {
+	if !b.info.LogitsOut || len(cfg.RoundBF16) > 0 {
 		b.cap = (*C.shardd_capture)(C.calloc(1, C.size_t(unsafe.Sizeof(C.shardd_capture{}))))
+	}
+	for _, l := range cfg.RoundBF16 {
+		if l < 0 || l >= b.info.Layers-1 || l >= len(b.cap.round_bf16) {
+			b.Close()
+			return nil, fmt.Errorf("llamacpp: cannot round the output of layer %d of %d", l, b.info.Layers)
+		}
+		b.cap.round_bf16[l], b.cap.any_round = 1, 1
+	}
+	if !b.info.LogitsOut {
 		name := fmt.Sprintf("l_out-%d", b.info.Layers-1)
 		cname := C.CString(name)
 		C.strncpy(&b.cap.name[0], cname, C.size_t(len(b.cap.name)-1))
@@ -216,7 +232,7 @@ func (b *Backend) Close() error {
 		b.model = nil
 	}
 	if b.cap != nil {
-		C.free(unsafe.Pointer(b.cap.dst))
+		C.free(unsafe.Pointer(b.cap.dst)) // nil when only rounding
 		C.free(unsafe.Pointer(b.cap))
 		b.cap = nil
 	}
@@ -285,7 +301,10 @@ func (b *Backend) forward(bb backend.Batch, out *backend.Output) error {
 	case rc != 0:
 		return fmt.Errorf("%w: llama_decode returned %d", backend.ErrForward, int(rc))
 	}
-	if b.cap != nil {
+	if b.cap != nil && b.cap.bad != 0 {
+		return fmt.Errorf("%w: eval callback failed (code %d)", backend.ErrForward, int(b.cap.bad))
+	}
+	if !b.info.LogitsOut {
 		want := bt.n * b.info.Hidden
 		if b.cap.bad != 0 || int(b.cap.n_floats) != want {
 			return fmt.Errorf("%w: captured %d of %d values (code %d)", backend.ErrForward, int64(b.cap.n_floats), want, int(b.cap.bad))

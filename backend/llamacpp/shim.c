@@ -2,6 +2,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -61,7 +62,7 @@ struct llama_context *shardd_new_context(struct llama_model *model, uint32_t n_c
     // Mixed-session batches keep batch order only with a unified KV buffer.
     p.kv_unified = true;
     p.no_perf = true;
-    if (cap != NULL && cap->name[0] != 0) {
+    if (cap != NULL && (cap->name[0] != 0 || cap->any_round)) {
         p.cb_eval = shardd_cb_eval;
         p.cb_eval_user_data = cap;
     }
@@ -72,12 +73,56 @@ struct llama_context *shardd_new_context(struct llama_model *model, uint32_t n_c
 // a wanted node is computed (ask=false). Copies the wanted node's rows out and
 // returns false, which ends the graph there: the tail norm and output head of
 // an intermediate shard are never computed.
+static bool shardd_rounds(const shardd_capture *c, const struct ggml_tensor *t) {
+    if (!c->any_round || strncmp(t->name, "l_out-", 6) != 0) {
+        return false;
+    }
+    char *end = NULL;
+    long layer = strtol(t->name + 6, &end, 10);
+    return end != t->name + 6 && *end == 0 && layer >= 0 && layer < 256 && c->round_bf16[layer];
+}
+
+// shardd_round_bf16 rounds a float to the nearest bf16 (ties to even; NaN
+// stays a quiet NaN with its sign), as stages/dtype.F32ToBF16 does, and
+// widens it back.
+static float shardd_round_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
+        u = (u & 0xFFFF0000u) | 0x00400000u;
+    } else {
+        u += 0x7FFFu + ((u >> 16) & 1u);
+        u &= 0xFFFF0000u;
+    }
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 bool shardd_cb_eval(struct ggml_tensor *t, bool ask, void *user_data) {
     shardd_capture *c = (shardd_capture *)user_data;
     if (ask) {
-        return strcmp(t->name, c->name) == 0;
+        return shardd_rounds(c, t) || (c->name[0] != 0 && strcmp(t->name, c->name) == 0);
     }
-    if (strcmp(t->name, c->name) != 0) {
+    if (shardd_rounds(c, t)) {
+        if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) {
+            c->bad = 1;
+            return false;
+        }
+        int64_t n = ggml_nelements(t);
+        float *v = (float *)malloc((size_t)n * sizeof(float));
+        if (v == NULL) {
+            c->bad = 3;
+            return false;
+        }
+        ggml_backend_tensor_get(t, v, 0, (size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++) {
+            v[i] = shardd_round_bf16(v[i]);
+        }
+        ggml_backend_tensor_set(t, v, 0, (size_t)n * sizeof(float));
+        free(v);
+        return true;
+    }
+    if (c->name[0] == 0 || strcmp(t->name, c->name) != 0) {
         return true;
     }
     if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) {

@@ -16,6 +16,12 @@ typedef struct shardd_capture {
     int64_t cap_floats;
     int64_t n_floats;    // written so far in this decode
     int32_t bad;         // 1: node not f32/contiguous, 2: overflow
+    // Layers whose output l_out-<i> is rounded to bf16 in place as soon as
+    // it is computed (nearest even, as the wire rounds it): the whole model
+    // computing what a route with a bf16 boundary after each of them
+    // computes. any_round: at least one is set.
+    uint8_t round_bf16[256];
+    int32_t any_round;
 } shardd_capture;
 
 void shardd_backend_init(int verbose);

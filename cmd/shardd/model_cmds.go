@@ -206,7 +206,7 @@ func printCost(m gguf.Meta, c gguf.Cost) {
 
 func runVerify(args []string) error {
 	fs := newFlags("verify", "--model FULL.gguf [--shards 2,3]",
-		"Runs the whole model and its splits on the same script (prefill, decode steps, two interleaved\nsessions, a mid-sequence rewind) and compares logits, at an f32 and at the wire's bf16 boundary.")
+		"Runs the whole model and its splits on the same script (prefill, decode steps, two interleaved\nsessions, a mid-sequence rewind) and compares logits bitwise: at an f32 boundary with the whole model,\nat the wire's bf16 boundary with the whole model rounded to bf16 after the same layers. Greedy tokens\nthe rounding flips against the unrounded model are reported with their margin, not failed.")
 	model := fs.String("model", "", "whole model GGUF")
 	shardsFlag := fs.String("shards", "2,3", "comma-separated shard counts")
 	threads := fs.Int("threads", 0, "forward threads (0: all cores)")
@@ -231,13 +231,15 @@ func runVerify(args []string) error {
 		return err
 	}
 	for _, r := range results {
-		if r.Boundary == verify.F32 && !r.Identical {
-			return fmt.Errorf("%d-way split differs from the whole model at an f32 boundary", r.Shards)
-		}
-		if r.ArgmaxAgree != r.Rows {
-			return fmt.Errorf("%d-way split changes greedy tokens at a %s boundary", r.Shards, r.Boundary)
+		if !r.Identical {
+			ref := "the whole model"
+			if r.Boundary == verify.BF16 {
+				ref = "the whole model rounded at the same boundaries"
+			}
+			return fmt.Errorf("%d-way split differs from %s at a %s boundary, from logit row %d on (max |diff| %.3g)",
+				r.Shards, ref, r.Boundary, r.FirstDiff, r.MaxDiff)
 		}
 	}
-	fmt.Println("verify: every split matches the whole model")
+	fmt.Println("verify: every split is bitwise equal to its reference (f32: the whole model; bf16: the whole model rounded to bf16 where the route rounds)")
 	return nil
 }
