@@ -13,6 +13,13 @@ import (
 type Config struct {
 	// MaxSessions: route sessions holding KV state at once.
 	MaxSessions int
+	// Deterministic: every forward carries the rows of one session only,
+	// and a unit of work runs whole (a prefill chunk is never split across
+	// forwards), so a session's numbers are bitwise those it would get
+	// alone: what else is batched changes nothing. The backend must give
+	// each session a KV stream of its own (llamacpp.Config.SeparateKV).
+	// It is part of the recipe. Costs the batching across sessions.
+	Deterministic bool
 	// SessionTTL: an idle session's state is dropped after this long.
 	SessionTTL time.Duration
 	// EvictGrace: a session used within this long keeps its state when

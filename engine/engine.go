@@ -81,6 +81,9 @@ func New(cfg Config, be backend.Backend, meta gguf.Meta, log *slog.Logger) *Engi
 	if log == nil {
 		log = slog.Default()
 	}
+	if cfg.Deterministic {
+		cfg.DecodeGroups = -1 // one session per forward: nothing to gather
+	}
 	if cfg.DecodeGroups == 0 {
 		cfg.DecodeGroups = 2
 		if info.TokensIn && info.LogitsOut {
@@ -92,7 +95,7 @@ func New(cfg Config, be backend.Backend, meta gguf.Meta, log *slog.Logger) *Engi
 		cfg:  cfg,
 		be:   be,
 		info: info,
-		id:   NewIdentity(meta, RecipeFor(info, meta, cfg.Boundary), cfg.Version),
+		id:   NewIdentity(meta, RecipeFor(info, meta, cfg.Boundary, cfg.Deterministic), cfg.Version),
 		pool: pool,
 		recv: receive.New(receive.Config{
 			Budget:   reassemble.Budget{MaxTensorBytes: cfg.MaxTensorBytes},

@@ -24,6 +24,10 @@ type Recipe struct {
 	// output_norm, which only the last shard applies.
 	TailNorm string
 	Arch     string
+	// Deterministic: every forward carries one session's rows, each
+	// session with a KV stream of its own (Config.Deterministic), so its
+	// numbers do not depend on what else runs.
+	Deterministic bool
 }
 
 // Canonical is the digested form: one key=value per line, fixed order.
@@ -36,7 +40,16 @@ func (r Recipe) Canonical() string {
 		"kv=" + r.KVType,
 		"boundary=" + r.Boundary,
 		"tail_norm=" + r.TailNorm,
-	}, "\n")
+	}, "\n") + r.batching()
+}
+
+// batching is the recipe line of the deterministic mode (none otherwise,
+// so the default recipe's digest is what it always was).
+func (r Recipe) batching() string {
+	if r.Deterministic {
+		return "\nbatching=per-session,kv=per-session"
+	}
+	return ""
 }
 
 // Digest is the hex SHA-256 of Canonical.
@@ -47,7 +60,7 @@ func (r Recipe) Digest() string {
 
 // RecipeFor returns the recipe of a backend serving meta with the given
 // boundary dtype.
-func RecipeFor(info backend.Info, meta gguf.Meta, boundary shardv1.DType) Recipe {
+func RecipeFor(info backend.Info, meta gguf.Meta, boundary shardv1.DType, deterministic bool) Recipe {
 	b := "bf16"
 	if boundary == shardv1.DType_DTYPE_FLOAT32 {
 		b = "f32"
@@ -59,6 +72,8 @@ func RecipeFor(info backend.Info, meta gguf.Meta, boundary shardv1.DType) Recipe
 		Boundary: b,
 		TailNorm: "residual-before-output-norm",
 		Arch:     meta.Arch,
+
+		Deterministic: deterministic,
 	}
 }
 

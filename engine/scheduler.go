@@ -307,6 +307,23 @@ func (s *scheduler) iterate() {
 		}
 	}
 	budget = min(budget, e.info.MaxBatch)
+	if e.cfg.Deterministic {
+		// One session's unit of work per forward, whole: a decode step
+		// first (round robin over sessions), else a prefill chunk. Its
+		// rows then meet the same kernels, in the same shapes, as alone.
+		var w *work
+		if len(decodes) > 0 {
+			decodes, prefills = decodes[s.rr%len(decodes):][:1], nil
+			w = decodes[0].items[0]
+		} else if len(prefills) > 0 {
+			prefills = prefills[s.rr%len(prefills):][:1]
+			w = prefills[0].items[0]
+		}
+		s.rr++
+		if w != nil {
+			budget = min(w.tokens-w.done, e.info.MaxBatch)
+		}
+	}
 
 	s.batch.Reset()
 	s.planned = s.planned[:0]

@@ -272,3 +272,51 @@ func TestQueuedWorkPinsSession(t *testing.T) {
 		t.Fatalf("b, evicted: %v %v", o.ack, o.status)
 	}
 }
+
+// Scenario, deterministic mode: decode steps of two sessions and a
+// 6-token prefill chunk of a third are queued behind a held forward; each
+// then runs in a forward of its own, the chunk whole, never beside
+// another session's rows.
+func TestDeterministicOneSessionPerForward(t *testing.T) {
+	w, fb := gated(t, Config{Deterministic: true, PrefillIterationTokens: 2, IterationTokens: 2})
+	a, b, c, x := w.open(t, "det-a", 1), w.open(t, "det-b", 1), w.open(t, "det-c", 1), w.open(t, "holder", 1)
+	for _, s := range []*session{a, b} {
+		s.chunk(s.envelope(1, prefill, 0, 2, 0), s.tokensTensor([]int32{1, 2}))
+		<-fb.entered
+		fb.gate <- struct{}{}
+		if o := s.result(); o.ack == nil {
+			t.Fatalf("prefill: %v", o.status)
+		}
+	}
+	x.chunk(x.envelope(1, prefill, 0, 1, 0), x.tokensTensor([]int32{1}))
+	<-fb.entered // held
+	for _, s := range []*session{a, b} {
+		s.send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
+			IdempotencyStep: 2, Position: 2, ExpectedPastLen: 2, Tensor: s.tokensTensor([]int32{3})}}})
+	}
+	c.chunk(c.envelope(1, prefill, 0, 6, 0), c.tokensTensor([]int32{1, 2, 3, 4, 5, 6}))
+	waitUntil(t, func() bool { return w.eng.queued.Load() == 4 })
+	fb.open()
+	for _, s := range []*session{a, b} {
+		if o := s.result(); o.ack == nil || o.ack.CacheResult.PastLen != 3 {
+			t.Fatalf("decode: %v %v", o.ack, o.status)
+		}
+	}
+	if o := c.result(); o.ack == nil || o.ack.CacheResult.PastLen != 6 {
+		t.Fatalf("prefill: %v %v", o.ack, o.status)
+	}
+	calls := fb.callsSeen(t, w.eng)
+	last := calls[len(calls)-3:]
+	rows := map[int]bool{}
+	for _, call := range last {
+		if len(call) != 1 {
+			t.Fatalf("a forward carried rows of %d sessions: %v", len(call), calls)
+		}
+		for _, n := range call {
+			rows[n] = true
+		}
+	}
+	if !rows[6] || !rows[1] {
+		t.Fatalf("want two one-row decode forwards and the 6-token chunk whole: %v", last)
+	}
+}

@@ -53,9 +53,10 @@ type proc struct {
 
 // serve starts shardd on shard, listening on addr ("127.0.0.1:0" for any
 // port), and waits for its "listening on" line.
-func serve(t *testing.T, shard, addr string) *proc {
+func serve(t *testing.T, shard, addr string, extra ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(shardd, "serve", "--model", shard, "--listen", addr, "--threads", "1", "--max-sessions", "4")
+	args := append([]string{"serve", "--model", shard, "--listen", addr, "--threads", "1", "--max-sessions", "4"}, extra...)
+	cmd := exec.Command(shardd, args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -137,6 +137,9 @@ type gen struct {
 	recv    *receive.Pipeline
 	logits  []float32
 	chunk   int
+	// promptLen: the prompt's tokens, which a replayed recovery prefills
+	// before it feeds the rest one decode step each.
+	promptLen int
 }
 
 // Generate runs one generation, calling emit with each token as it is
@@ -171,6 +174,7 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 	g.chunk = g.chunkSize()
 
 	start := time.Now()
+	g.promptLen = len(req.Prompt)
 	fed := append([]int32(nil), req.Prompt...)
 	logits, err := g.rebuild(fed, 0)
 	if err != nil {
@@ -328,11 +332,27 @@ func (g *gen) rebuild(tokens []int32, misses int) ([]float32, error) {
 			}
 			g.stats.Recoveries++
 		}
-		logits, err := g.prefill(tokens)
+		var logits []float32
+		var err error
+		if misses > 0 && g.r.opts.ReplayRecovery {
+			logits, err = g.replay(tokens)
+		} else {
+			logits, err = g.prefill(tokens)
+		}
 		if !errors.Is(err, errCacheMiss) {
 			return logits, err
 		}
 	}
+}
+
+// replay feeds tokens as they were fed the first time: the prompt in its
+// chunks, then one decode step per generated token (Options.ReplayRecovery).
+func (g *gen) replay(tokens []int32) ([]float32, error) {
+	logits, err := g.prefill(tokens[:g.promptLen])
+	for pos := g.promptLen; err == nil && pos < len(tokens); pos++ {
+		logits, err = g.decode(pos, tokens[pos])
+	}
+	return logits, err
 }
 
 // prefill feeds tokens from position 0 in chunks and returns the logits of

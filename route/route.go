@@ -49,6 +49,13 @@ type Options struct {
 	PrefillChunk int
 	// Retries per step per hop after a transport error. Default 3.
 	Retries int
+	// ReplayRecovery rebuilds a session a worker lost (a CACHE_MISS, e.g.
+	// after a restart) in the shapes it was built in: the prompt in its
+	// chunks, then each generated token as a decode step of its own,
+	// instead of one prefill of the whole sequence. With workers in
+	// --deterministic mode the tokens after a recovery are then those of
+	// an uninterrupted run; it costs a round trip per generated token.
+	ReplayRecovery bool
 	// TLS, when set, secures every hop's connection (see
 	// internal/tlsconf); nil is plaintext.
 	TLS *tls.Config

@@ -83,6 +83,12 @@ type Config struct {
 	// reference `verify` compares a bf16 route with bitwise. Never set on
 	// a serving worker.
 	RoundBF16 []int
+	// SeparateKV gives each sequence a KV stream of its own
+	// (CtxTokens/MaxSeqs cells) instead of one buffer shared by all, so a
+	// sequence's cells sit where they would if it were alone. A forward
+	// must then carry rows of one sequence only (rows of several are
+	// reordered).
+	SeparateKV bool
 }
 
 var initOnce sync.Once
@@ -186,7 +192,7 @@ func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
 	}
 	ubatch := min(cfg.MaxBatch, 512)
 	b.ctx = C.shardd_new_context(b.model, C.uint32_t(cfg.CtxTokens), C.uint32_t(cfg.MaxBatch),
-		C.uint32_t(ubatch), C.uint32_t(cfg.MaxSeqs), C.int32_t(cfg.Threads), b.cap)
+		C.uint32_t(ubatch), C.uint32_t(cfg.MaxSeqs), C.int32_t(cfg.Threads), C.bool(!cfg.SeparateKV), b.cap)
 	if b.ctx == nil {
 		b.Close()
 		return nil, errors.New("llamacpp: could not create a context (see log)")

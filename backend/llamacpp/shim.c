@@ -50,7 +50,7 @@ struct llama_model *shardd_load_model(const char *path) {
 
 struct llama_context *shardd_new_context(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
                                          uint32_t n_ubatch, uint32_t n_seq_max, int32_t threads,
-                                         shardd_capture *cap) {
+                                         bool kv_unified, shardd_capture *cap) {
     struct llama_context_params p = llama_context_default_params();
     p.n_ctx = n_ctx;
     p.n_batch = n_batch;
@@ -59,8 +59,10 @@ struct llama_context *shardd_new_context(struct llama_model *model, uint32_t n_c
     p.n_threads = threads;
     p.n_threads_batch = threads;
     p.embeddings = false;
-    // Mixed-session batches keep batch order only with a unified KV buffer.
-    p.kv_unified = true;
+    // Mixed-session batches keep batch order only with a unified KV buffer;
+    // a KV stream per sequence keeps each sequence's cells where they would
+    // be alone (Config.SeparateKV).
+    p.kv_unified = kv_unified;
     p.no_perf = true;
     if (cap != NULL && (cap->name[0] != 0 || cap->any_round)) {
         p.cb_eval = shardd_cb_eval;

@@ -28,7 +28,7 @@ void shardd_backend_init(int verbose);
 struct llama_model *shardd_load_model(const char *path);
 struct llama_context *shardd_new_context(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
                                          uint32_t n_ubatch, uint32_t n_seq_max, int32_t threads,
-                                         shardd_capture *cap);
+                                         bool kv_unified, shardd_capture *cap);
 // shardd_attach_threadpool gives ctx its own CPU threadpool with the given
 // polling level (0: idle threads sleep; 100: they spin). Free it with
 // ggml_threadpool_free after llama_free. With pin, and no more threads than

@@ -35,6 +35,7 @@ func runGenerate(args []string) error {
 	topP := fs.Float64("top-p", 0, "nucleus sampling threshold (0: off)")
 	seed := fs.Uint64("seed", 1, "sampling seed")
 	chunk := fs.Int("prefill-chunk", 0, "tokens per prefill chunk (0: what the workers grant, at most 128)")
+	replay := fs.Bool("replay-recovery", false, "rebuild a session a worker lost in the shapes it was built in (prompt chunks, then a decode step per generated token): with --deterministic workers the tokens after a recovery equal an uninterrupted run's")
 	timeout := fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker; a worker that does not answer within it (after --step-timeout x 4 with the retries) fails the generation")
 	overall := fs.Duration("timeout", 0, "deadline of the whole generation, connecting included (0: none)")
 	tf := addTelemetryFlags(fs)
@@ -91,7 +92,7 @@ func runGenerate(args []string) error {
 	if err != nil {
 		return err
 	}
-	r, err := route.Dial(ctx, splitList(*routeFlag), route.Options{StepTimeout: *timeout, PrefillChunk: *chunk, TracerProvider: tel.TracerProvider(), TLS: tlsCfg})
+	r, err := route.Dial(ctx, splitList(*routeFlag), route.Options{StepTimeout: *timeout, PrefillChunk: *chunk, TracerProvider: tel.TracerProvider(), TLS: tlsCfg, ReplayRecovery: *replay})
 	if err != nil {
 		return err
 	}

@@ -55,6 +55,7 @@ func runServe(args []string) error {
 	chunkBytes := fs.Uint64("max-chunk-bytes", 8<<20, "largest serialized chunk message")
 	chunkTokens := fs.Uint("max-prefill-chunk-tokens", 512, "most tokens in one prefill chunk")
 	ttl := fs.Duration("session-ttl", 10*time.Minute, "drop an idle session's KV state after this long")
+	deterministic := fs.Bool("deterministic", false, "bitwise reproducible sessions: every forward carries one session's rows, whole, and each session has a KV stream of its own (at most --ctx-tokens/(--max-sessions+1) tokens), so a session's logits do not depend on what else runs; costs the batching across sessions (PERF.md); part of the recipe")
 	evictGrace := fs.Duration("evict-grace", 2*time.Second, "a session used within this long is not evicted to make room for another; the newcomer is refused RESOURCE_EXHAUSTED (retryable) instead (negative: evict any idle session)")
 	resultsBytes := fs.Int64("results-cache-bytes", 64<<20, "bytes of finished results kept to answer duplicate steps (idempotency); the oldest go first")
 	boundary := fs.String("boundary", "bf16", "dtype of hidden states sent to the next shard: bf16 (the contract's canonical) or f32 (exact)")
@@ -116,7 +117,7 @@ func runServe(args []string) error {
 	}
 	be, err := llamacpp.OpenMeta(llamacpp.Config{
 		Path: *model, Threads: *threads, MaxSeqs: *sessions + 1, CtxTokens: *ctxTokens, MaxBatch: *batch, Poll: *poll, Verbose: *verbose,
-		PinThreads: pinThreads,
+		PinThreads: pinThreads, SeparateKV: *deterministic,
 	}, meta)
 	if err != nil {
 		return err
@@ -124,7 +125,7 @@ func runServe(args []string) error {
 	defer be.Close()
 
 	eng := engine.New(engine.Config{
-		MaxSessions: *sessions, SessionTTL: *ttl, EvictGrace: *evictGrace, MaxQueue: *queue,
+		MaxSessions: *sessions, SessionTTL: *ttl, EvictGrace: *evictGrace, MaxQueue: *queue, Deterministic: *deterministic,
 		IterationTokens: *iterTokens, PrefillIterationTokens: *prefillTokens, DecodeQuiet: *decodeQuiet, DecodeBudget: *decodeBudget,
 		DecodeGroups: *decodeGroups, GatherWindow: *gatherWindow,
 		MaxInflightChunks: uint32(*inflight), MaxChunkBytes: *chunkBytes, MaxPrefillChunkTokens: uint32(*chunkTokens),
