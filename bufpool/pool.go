@@ -1,9 +1,14 @@
 package bufpool
 
 import (
+	"fmt"
+	"io"
 	"math/bits"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 const (
@@ -22,6 +27,12 @@ type Pool struct {
 
 	tracking    bool
 	outstanding atomic.Int64 // Gets minus Puts of pooled sizes, only when tracking
+
+	// traced, when set (Trace), records where each outstanding buffer
+	// was taken: a leak hunt, not for production load.
+	traced  atomic.Bool
+	traceMu sync.Mutex
+	taken   map[*byte][]uintptr // first byte of the backing array -> stack at Get
 }
 
 // Option configures a Pool.
@@ -69,13 +80,18 @@ func (p *Pool) Get(n int) *[]byte {
 	if p.tracking {
 		p.outstanding.Add(1)
 	}
+	var bp *[]byte
 	if v := p.classes[c].Get(); v != nil {
-		bp := v.(*[]byte)
+		bp = v.(*[]byte)
 		*bp = (*bp)[:n]
-		return bp
+	} else {
+		b := make([]byte, n, 1<<(c+minClassShift))
+		bp = &b
 	}
-	b := make([]byte, n, 1<<(c+minClassShift))
-	return &b
+	if p.traced.Load() {
+		p.record(bp)
+	}
+	return bp
 }
 
 // Put returns a slice obtained from Get (mem.BufferPool). Slices whose
@@ -89,6 +105,9 @@ func (p *Pool) Put(bp *[]byte) {
 	if p.tracking {
 		p.outstanding.Add(-1)
 	}
+	if p.traced.Load() {
+		p.forget(bp)
+	}
 	*bp = (*bp)[:c]
 	poison(*bp)
 	p.classes[bits.Len(uint(c))-1-minClassShift].Put(bp)
@@ -97,3 +116,56 @@ func (p *Pool) Put(bp *[]byte) {
 // Outstanding reports pooled buffers handed out and not returned. It is only
 // counted for a pool made with Tracking.
 func (p *Pool) Outstanding() int64 { return p.outstanding.Load() }
+
+// Trace turns on recording where each buffer handed out was taken (a
+// stack per buffer, under a lock: slow), so DumpOutstanding can say where
+// buffers that never came back were taken. For hunting a leak.
+func (p *Pool) Trace() {
+	p.traceMu.Lock()
+	if p.taken == nil {
+		p.taken = map[*byte][]uintptr{}
+	}
+	p.traceMu.Unlock()
+	p.traced.Store(true)
+}
+
+func (p *Pool) record(bp *[]byte) {
+	pcs := make([]uintptr, 24)
+	pcs = pcs[:runtime.Callers(3, pcs)]
+	p.traceMu.Lock()
+	p.taken[unsafe.SliceData(*bp)] = pcs
+	p.traceMu.Unlock()
+}
+
+func (p *Pool) forget(bp *[]byte) {
+	p.traceMu.Lock()
+	delete(p.taken, unsafe.SliceData(*bp))
+	p.traceMu.Unlock()
+}
+
+// DumpOutstanding writes the stack that took each buffer still out
+// (buffers taken before Trace are not known), grouped by stack, and
+// returns how many it knows of.
+func (p *Pool) DumpOutstanding(w io.Writer) int {
+	p.traceMu.Lock()
+	stacks := map[string]int{}
+	n := 0
+	for _, pcs := range p.taken {
+		var b strings.Builder
+		frames := runtime.CallersFrames(pcs)
+		for {
+			f, more := frames.Next()
+			fmt.Fprintf(&b, "    %s\n        %s:%d\n", f.Function, f.File, f.Line)
+			if !more {
+				break
+			}
+		}
+		stacks[b.String()]++
+		n++
+	}
+	p.traceMu.Unlock()
+	for st, c := range stacks {
+		fmt.Fprintf(w, "bufpool: %d outstanding buffer(s) taken at:\n%s", c, st)
+	}
+	return n
+}

@@ -1,6 +1,7 @@
 package bufpool
 
 import (
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/mem"
@@ -111,3 +112,28 @@ func BenchmarkAllocRelease(b *testing.B) {
 		p.Alloc(8192).Release()
 	}
 }
+
+// A traced pool says where the buffers still out were taken, and forgets
+// the ones that came back.
+func TestTraceDumpsOutstanding(t *testing.T) {
+	p := New(Tracking())
+	p.Trace()
+	kept := takeForTest(p)
+	back := p.Get(1000)
+	p.Put(back)
+	var b strings.Builder
+	if n := p.DumpOutstanding(&b); n != 1 {
+		t.Fatalf("%d traced, want 1:\n%s", n, b.String())
+	}
+	if !strings.Contains(b.String(), "takeForTest") {
+		t.Fatalf("the dump does not name the taker:\n%s", b.String())
+	}
+	p.Put(kept)
+	b.Reset()
+	if n := p.DumpOutstanding(&b); n != 0 || p.Outstanding() != 0 {
+		t.Fatalf("after the last Put: %d traced, %d outstanding", n, p.Outstanding())
+	}
+}
+
+//go:noinline
+func takeForTest(p *Pool) *[]byte { return p.Get(4096) }

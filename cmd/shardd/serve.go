@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/meshnet/shardd/backend/llamacpp"
+	"github.com/meshnet/shardd/bufpool"
 	"github.com/meshnet/shardd/engine"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/gguf"
@@ -58,7 +59,7 @@ func runServe(args []string) error {
 	deterministic := fs.Bool("deterministic", false, "bitwise reproducible sessions: every forward carries one session's rows, whole, and each session has a KV stream of its own (at most --ctx-tokens/(--max-sessions+1) tokens), so a session's logits do not depend on what else runs; costs the batching across sessions (PERF.md); part of the recipe")
 	evictGrace := fs.Duration("evict-grace", 2*time.Second, "a session used within this long is not evicted to make room for another; the newcomer is refused RESOURCE_EXHAUSTED (retryable) instead (negative: evict any idle session)")
 	resultsBytes := fs.Int64("results-cache-bytes", 64<<20, "bytes of finished results kept to answer duplicate steps (idempotency); the oldest go first")
-	boundary := fs.String("boundary", "bf16", "dtype of hidden states sent to the next shard: bf16 (the contract's canonical) or f32 (exact)")
+	boundary := fs.String("boundary", "bf16", "dtype of hidden states sent to the next shard: bf16 (the contract's canonical; bitwise the whole model rounded where the route rounds, see verify) or f32 (bitwise the unrounded whole model); bitwise for a session alone, or under any load with --deterministic")
 	requireCRC := fs.Bool("require-checksum", true, "refuse tensors without a CRC32C")
 	drainTimeout := fs.Duration("drain-timeout", 30*time.Second, "how long a drain waits for open sessions and queued work")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -104,6 +105,9 @@ func runServe(args []string) error {
 	meta, err := gguf.Read(*model)
 	if err != nil {
 		return err
+	}
+	if os.Getenv("SHARDD_BUFPOOL_TRACE") == "1" {
+		bufpool.Default.Trace()
 	}
 	tel, err := tf.setup(*listen)
 	if err != nil {
@@ -168,13 +172,20 @@ func runServe(args []string) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1)
 wait:
 	for {
 		select {
 		case err := <-errc:
 			return err
 		case s := <-sig:
+			if s == syscall.SIGUSR1 {
+				// With SHARDD_BUFPOOL_TRACE=1: where the pooled buffers
+				// still out were taken (a leak hunt).
+				n := bufpool.Default.DumpOutstanding(os.Stderr)
+				log.Info("pooled buffers", "outstanding", bufpool.Default.Outstanding(), "traced", n)
+				continue
+			}
 			if s == syscall.SIGHUP {
 				if tlsf.reloader == nil {
 					continue

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,6 +52,11 @@ import (
 //   - a worker is not still serving: Health SERVING, and a generation
 //     straight to it equal to the whole model token for token.
 //
+// With SHARDD_SOAK_ARGS="--deterministic --max-sessions 16 --ctx-tokens
+// 4352" the workers run the deterministic mode and the head replays lost
+// sessions: every completed generation must then be the whole model's
+// (fed in the same shapes) token for token, with no drift allowed.
+//
 // The figures go to the test log and, with SHARDD_SOAK_DIR, to soak.json
 // there with the workers' logs.
 
@@ -84,6 +90,10 @@ type soakConfig struct {
 	Dir       string
 	Faults    bool     // SHARDD_SOAK_FAULTS=off runs the load alone
 	Args      []string // SHARDD_SOAK_ARGS: more serve flags, after the soak's
+	// Exact: the workers run --deterministic (in Args), and the head
+	// replays lost sessions, so every completed generation must be the
+	// whole model's bitwise: no drift is allowed.
+	Exact bool
 }
 
 func soakConfigFromEnv(t *testing.T) soakConfig {
@@ -97,6 +107,7 @@ func soakConfigFromEnv(t *testing.T) soakConfig {
 	}
 	cfg := soakConfig{Duration: d, Sessions: 256, Seed: 1, MaxTokens: 48, Dir: os.Getenv("SHARDD_SOAK_DIR"),
 		Faults: os.Getenv("SHARDD_SOAK_FAULTS") != "off", Args: strings.Fields(os.Getenv("SHARDD_SOAK_ARGS"))}
+	cfg.Exact = slices.Contains(cfg.Args, "--deterministic")
 	if v := os.Getenv("SHARDD_SOAK_SESSIONS"); v != "" {
 		if cfg.Sessions, err = strconv.Atoi(v); err != nil || cfg.Sessions < 1 {
 			t.Fatalf("SHARDD_SOAK_SESSIONS=%q", v)
@@ -121,6 +132,7 @@ type soakReport struct {
 	Sessions     int              `json:"sessions"`
 	Seed         uint64           `json:"seed"`
 	WorkerArgs   []string         `json:"worker_args"`
+	ExactMode    bool             `json:"exact_mode"`
 	Outcomes     map[string]int64 `json:"outcomes"`
 	Errors       map[string]int64 `json:"errors"`
 	Tokens       int64            `json:"tokens"`
@@ -276,28 +288,44 @@ func (w *wholeModel) drift(prompt, toks []int32, seen [][]float32) ([]string, fl
 // walk prefills prompt in one forward, then calls next with each
 // position's logits and feeds back the token it returns, n times.
 func (w *wholeModel) walk(prompt []int32, n int, next func(i int, logits []float32) (int32, error)) error {
+	var toks []int32
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.chain.Trim(0, 0); err != nil {
 		return err
 	}
-	rows := make([]verify.Row, len(prompt))
-	for i, t := range prompt {
-		rows[i] = verify.Row{Pos: i, Token: t, Output: i == len(prompt)-1}
+	// The prompt in the route's chunks, each with its last row's logits,
+	// as the route's last hop computes them: the same shapes.
+	var logits []float32
+	for lo := 0; lo < len(prompt); lo += soakChunk {
+		hi := min(lo+soakChunk, len(prompt))
+		rows := make([]verify.Row, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			rows = append(rows, verify.Row{Pos: i, Token: prompt[i], Output: i == hi-1})
+		}
+		var err error
+		if logits, err = w.chain.Forward(rows); err != nil {
+			return err
+		}
 	}
 	for i := range n {
-		logits, err := w.chain.Forward(rows)
-		if err != nil {
-			return err
+		if i > 0 {
+			var err error
+			if logits, err = w.chain.Forward([]verify.Row{{Pos: len(prompt) + i - 1, Token: toks[i-1], Output: true}}); err != nil {
+				return err
+			}
 		}
 		tok, err := next(i, logits)
 		if err != nil {
 			return err
 		}
-		rows = []verify.Row{{Pos: rows[len(rows)-1].Pos + 1, Token: tok, Output: true}}
+		toks = append(toks, tok)
 	}
 	return nil
 }
+
+// soakChunk is the route's prefill chunk in the soak.
+const soakChunk = 32
 
 // soakPrompts are the prompts sessions draw from: short ones, ones of a
 // few chunks (the route prefills 32 tokens per chunk here) and long ones.
@@ -418,7 +446,7 @@ func TestSoak(t *testing.T) {
 		proxies = append(proxies, p)
 		via = append(via, p.Addr())
 	}
-	head, err := route.Dial(ctx, via, route.Options{StepTimeout: 3 * time.Second, PrefillChunk: 32})
+	head, err := route.Dial(ctx, via, route.Options{StepTimeout: 3 * time.Second, PrefillChunk: soakChunk, ReplayRecovery: cfg.Exact})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +465,7 @@ func TestSoak(t *testing.T) {
 	if _, err := head.Generate(ctx, route.Request{Prompt: prompts[0], MaxTokens: 4}, func(int32) error { return nil }); err != nil {
 		t.Fatalf("first generation: %v", err)
 	}
-	rep := soakReport{Duration: cfg.Duration.String(), Sessions: cfg.Sessions, Seed: cfg.Seed, WorkerArgs: args, Faults: map[string]int64{}}
+	rep := soakReport{Duration: cfg.Duration.String(), Sessions: cfg.Sessions, Seed: cfg.Seed, WorkerArgs: args, ExactMode: cfg.Exact, Faults: map[string]int64{}}
 	for i, a := range cl.Metrics {
 		idle, err := settle(a, idleSet{Goroutines: math.Inf(1), Buffers: math.Inf(1)}, 30*time.Second)
 		if err != nil {
@@ -506,7 +534,7 @@ func TestSoak(t *testing.T) {
 		sessions.Go(func() {
 			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(i)+1))
 			for time.Now().Before(end) {
-				soakOne(ctx, rng, head, whole, prompts, refs, cfg.MaxTokens, tally)
+				soakOne(ctx, rng, head, whole, prompts, refs, cfg.MaxTokens, cfg.Exact, tally)
 			}
 		})
 	}
@@ -523,6 +551,9 @@ func TestSoak(t *testing.T) {
 		w.IdleAfter = idle
 		if err != nil {
 			t.Errorf("%s did not return to its idle baseline %+v: %+v (%v)", w.Name, w.IdleBefore, idle, err)
+			// With SHARDD_BUFPOOL_TRACE=1 the worker writes where the
+			// buffers still out were taken to its log.
+			syscall.Kill(cl.Pids[i], syscall.SIGUSR1)
 		}
 		if m, err := scrape(a, "process_resident_memory_bytes", "shardd_evictions_total", "shardd_preemptions_total"); err == nil {
 			w.RSSEndMiB, w.Evictions, w.Preemptions = m["process_resident_memory_bytes"]/(1<<20), m["shardd_evictions_total"], m["shardd_preemptions_total"]
@@ -591,7 +622,7 @@ func TestSoak(t *testing.T) {
 // soakOne runs one generation the way rng picks: to the end, stopped
 // early, cancelled, abandoned, or under a short deadline; and checks the
 // tokens of every one that completed.
-func soakOne(ctx context.Context, rng *rand.Rand, head *route.Route, whole *wholeModel, prompts, refs [][]int32, maxTokens int, tally *soakTally) {
+func soakOne(ctx context.Context, rng *rand.Rand, head *route.Route, whole *wholeModel, prompts, refs [][]int32, maxTokens int, exact bool, tally *soakTally) {
 	pi := rng.IntN(len(prompts))
 	req := route.Request{Prompt: prompts[pi], MaxTokens: 1 + rng.IntN(maxTokens)}
 	kind := "complete"
@@ -658,7 +689,7 @@ func soakOne(ctx context.Context, rng *rand.Rand, head *route.Route, whole *whol
 	}
 	tally.mu.Lock()
 	defer tally.mu.Unlock()
-	if err := errors.Join(serr, derr); err != nil || !(drift <= soakDrift) || !own { // NaN fails
+	if err := errors.Join(serr, derr); err != nil || !(drift <= soakDrift) || !own || exact { // NaN fails
 		tally.wrong = append(tally.wrong, fmt.Sprintf("prompt %d (%d tokens), %s: %v; flip margin %.3g, each token its logits' argmax %v, max |route - whole| logits by step: %s (recoveries %d, retries %d, duplicate acks %d; error %v)",
 			pi, len(prompts[pi]), kind, got, flip, own, strings.Join(steps, " "), st.Recoveries, st.Retries, st.DuplicateAcks, err))
 		return
