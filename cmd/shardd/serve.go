@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -184,6 +185,10 @@ wait:
 				// still out were taken (a leak hunt).
 				n := bufpool.Default.DumpOutstanding(os.Stderr)
 				log.Info("pooled buffers", "outstanding", bufpool.Default.Outstanding(), "traced", n)
+				if n > 0 {
+					// Who may still hold them: every goroutine's stack.
+					pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
+				}
 				continue
 			}
 			if s == syscall.SIGHUP {
