@@ -51,6 +51,9 @@ type scheduler struct {
 	// dueWaits counts prefill-only iterations not started because a decode
 	// step was due before even one prefill token would have finished.
 	dueWaits int64
+	// prefillTurn alternates decode steps and prefill chunks in the
+	// deterministic mode while both wait.
+	prefillTurn bool
 	// preempted: the last prefill-only iteration was preempted, so the
 	// next one runs to its end.
 	preempted bool
@@ -308,10 +311,17 @@ func (s *scheduler) iterate() {
 	}
 	budget = min(budget, e.info.MaxBatch)
 	if e.cfg.Deterministic {
-		// One session's unit of work per forward, whole: a decode step
-		// first (round robin over sessions), else a prefill chunk. Its
-		// rows then meet the same kernels, in the same shapes, as alone.
+		// One session's unit of work per forward, whole, round robin over
+		// sessions: decode steps and prefill chunks take turns while both
+		// wait, so neither starves the other. Its rows then meet the same
+		// kernels, in the same shapes, as alone.
 		var w *work
+		if len(prefills) > 0 && len(decodes) > 0 {
+			s.prefillTurn = !s.prefillTurn
+			if s.prefillTurn {
+				decodes = nil
+			}
+		}
 		if len(decodes) > 0 {
 			decodes, prefills = decodes[s.rr%len(decodes):][:1], nil
 			w = decodes[0].items[0]
