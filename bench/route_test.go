@@ -50,7 +50,15 @@ func serveShard(b *testing.B, path string) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	eng := engine.New(engine.Config{}, be, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	b.Cleanup(func() { be.Close() }) // after the engine's cleanup below
+	addr, _ := serveEngine(b, be, meta, engine.Config{})
+	return addr
+}
+
+// serveEngine serves be through an engine with cfg on loopback and returns
+// its address; the server and the engine stop when the benchmark ends.
+func serveEngine(b *testing.B, be backend.Backend, meta gguf.Meta, cfg engine.Config) (string, *engine.Engine) {
+	eng := engine.New(cfg, be, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -58,8 +66,8 @@ func serveShard(b *testing.B, path string) string {
 	srv := grpc.NewServer(eng.ServerOptions()...)
 	shardv1.RegisterShardRuntimeServer(srv, eng)
 	go srv.Serve(lis)
-	b.Cleanup(func() { srv.Stop(); eng.Close(); be.Close() })
-	return lis.Addr().String()
+	b.Cleanup(func() { srv.Stop(); eng.Close() })
+	return lis.Addr().String(), eng
 }
 
 // BenchmarkRouteDecode: decode tokens/s of a greedy generation through a
