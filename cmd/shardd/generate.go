@@ -39,7 +39,7 @@ func runGenerate(args []string) error {
 	timeout := fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker; a worker that does not answer within it (after --step-timeout x 4 with the retries) fails the generation")
 	overall := fs.Duration("timeout", 0, "deadline of the whole generation, connecting included (0: none)")
 	tf := addTelemetryFlags(fs)
-	verifyModel := fs.String("verify-model", "", "whole-model GGUF: also generate greedily in this process and check the tokens match; the reference rounds to bf16 after each hop that returned bf16, as the route does (exact for a generation alone, or under load with --deterministic workers)")
+	verifyModel := fs.String("verify-model", "", "whole-model GGUF: also generate greedily in this process and check the tokens match; the reference rounds to bf16 after each hop that returned bf16, as the route does, and prefills the prompt in one forward (README: Boundary dtype and exactness)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
