@@ -80,10 +80,11 @@ func TestDeterministicRoute(t *testing.T) {
 
 	together := make([][]int32, sessions)
 	var aloneBits [][]uint32
+	togetherBits := make([][][]uint32, sessions)
 	var wg sync.WaitGroup
 	errs := make([]error, sessions)
 	for i := range sessions {
-		wg.Go(func() { together[i], _, _, errs[i] = gen(prompts[i], nil) })
+		wg.Go(func() { together[i], _, togetherBits[i], errs[i] = gen(prompts[i], nil) })
 	}
 	wg.Wait()
 	for i := range sessions {
@@ -99,6 +100,12 @@ func TestDeterministicRoute(t *testing.T) {
 		}
 		if !slices.Equal(together[i], alone) {
 			t.Fatalf("generation %d: with 15 others %v, alone %v", i, together[i], alone)
+		}
+		// Not only the tokens: every logit is bitwise the solo run's.
+		for k := range bits {
+			if !slices.Equal(togetherBits[i][k], bits[k]) {
+				t.Fatalf("generation %d, token %d: logits with 15 others differ from alone", i, k)
+			}
 		}
 		want, err := verify.Greedy(model, prompts[i], n, 1, 2)
 		if err != nil {
