@@ -111,13 +111,7 @@ func TestOpenRefusals(t *testing.T) {
 func TestWorkRefusals(t *testing.T) {
 	whole, _ := tinyFiles(t)
 	w := startLlama(t, whole, Config{MaxTensorBytes: 4096, MaxPrefillChunkTokens: 16})
-	type row struct {
-		name  string
-		run   func(s *session) outcome
-		want  shardv1.ErrorCode
-		retry bool
-	}
-	tests := []row{
+	tests := []refusalRow{
 		{"schema in envelope", func(s *session) outcome {
 			env := s.envelope(1, prefill, 0, 2, 0)
 			env.SchemaVersion = 0
@@ -227,9 +221,25 @@ func TestWorkRefusals(t *testing.T) {
 			return s.result()
 		}, cCorrupt, false},
 	}
+	// The same rows on a direct gRPC hop and on a hop through a relay,
+	// where everything the worker checks travels in-band.
+	for _, w := range []*worker{w, viaRelay(t, w)} {
+		t.Run(w.transport, func(t *testing.T) { workRefusals(t, w, tests) })
+	}
+}
+
+// refusalRow is a unit of work the worker must refuse with want.
+type refusalRow struct {
+	name  string
+	run   func(s *session) outcome
+	want  shardv1.ErrorCode
+	retry bool
+}
+
+func workRefusals(t *testing.T, w *worker, tests []refusalRow) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := w.open(t, fmt.Sprintf("work-%d", i), 7)
+			s := w.open(t, fmt.Sprintf("work-%s-%d", w.transport, i), 7)
 			s.t = t
 			o := tt.run(s)
 			if code(o) != tt.want {
@@ -317,7 +327,17 @@ func gated(t *testing.T, cfg Config) (*worker, *fakeBackend) {
 // TestCancelWhileWedged: the stream is out of credit behind a held forward;
 // the unary Cancel on a fresh call still cancels the queued work.
 func TestCancelWhileWedged(t *testing.T) {
-	w, fb := gated(t, Config{})
+	t.Run("grpc", func(t *testing.T) {
+		w, fb := gated(t, Config{})
+		cancelWhileWedged(t, w, fb)
+	})
+	t.Run("relay", func(t *testing.T) {
+		w, fb := gated(t, Config{})
+		cancelWhileWedged(t, viaRelay(t, w), fb)
+	})
+}
+
+func cancelWhileWedged(t *testing.T, w *worker, fb *fakeBackend) {
 	o := w.openMsg("wedged", 1)
 	o.ProposedFlowControl = &shardv1.FlowControl{MaxInflightChunks: 2}
 	s, _ := w.dial(t, "wedged", 1, o)

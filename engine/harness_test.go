@@ -23,6 +23,7 @@ import (
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/relay"
 	"github.com/meshnet/shardd/stages/frameout"
 )
 
@@ -72,6 +73,10 @@ type worker struct {
 	client shardv1.ShardRuntimeClient
 	id     Identity
 	info   backend.Info
+	// transport is "grpc" for a direct hop, "relay" for one through a
+	// relay (viaRelay), whose relay is then set.
+	transport string
+	relay     *relay.Relay
 }
 
 func quietLog() *slog.Logger {
@@ -105,7 +110,7 @@ func startWorker(t testing.TB, be backend.Backend, meta gguf.Meta, cfg Config) *
 		eng.Close()
 		be.Close()
 	})
-	return &worker{eng: eng, client: shardv1.NewShardRuntimeClient(conn), id: eng.Identity(), info: be.Info()}
+	return &worker{eng: eng, client: shardv1.NewShardRuntimeClient(conn), id: eng.Identity(), info: be.Info(), transport: "grpc"}
 }
 
 // startLlama serves a GGUF with the real backend.

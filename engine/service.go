@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"log/slog"
 	"math"
 	"os"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshnet/shardd/frames"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/stages/decode"
@@ -21,7 +23,7 @@ import (
 // zero-copy codec (forced on this server only, never registered globally),
 // the shared buffer pool, and message limits from the flow-control budget.
 func (e *Engine) ServerOptions() []grpc.ServerOption {
-	limit := int(e.cfg.MaxChunkBytes) + 64<<10
+	limit := e.maxMessageBytes()
 	return []grpc.ServerOption{
 		grpc.ForceServerCodecV2(decode.Codec{Pool: e.pool}),
 		experimental.BufferPool(e.pool),
@@ -35,6 +37,17 @@ func (e *Engine) ServerOptions() []grpc.ServerOption {
 		grpc.InitialConnWindowSize(int32(min(2*limit, 1<<30))),
 		grpc.WriteBufferSize(256 << 10), grpc.ReadBufferSize(256 << 10),
 	}
+}
+
+// maxMessageBytes bounds a received message: the largest chunk the flow
+// control allows, plus room for its envelope.
+func (e *Engine) maxMessageBytes() int { return int(e.cfg.MaxChunkBytes) + 64<<10 }
+
+// FrameServer serves this engine on frame connections (a relayed hop,
+// package frames): the same handlers, codec and buffer pool as the gRPC
+// server, and the same message limit.
+func (e *Engine) FrameServer(log *slog.Logger) *frames.Server {
+	return frames.NewServer(e, frames.Config{Codec: decode.Codec{Pool: e.pool}, Pool: e.pool, MaxRecv: e.maxMessageBytes(), Log: log})
 }
 
 // GetCapability reports what this worker can execute, proven by the

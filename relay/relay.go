@@ -1,0 +1,545 @@
+// Package relay joins a head and a worker that cannot reach each other
+// directly: both dial out to a relay, which pairs their connections and
+// copies bytes between them without parsing any. The frames carried are the
+// contract's messages (package frames); the relay never decodes one, so
+// deadlines, identity, flow control and errors travel in-band, end to end,
+// and TLS between head and worker (when configured) passes through it.
+//
+// Rendezvous. Each side opens a TCP connection to the relay and sends one
+// text line; then the relay answers one line and, once paired, the
+// connection is a plain byte pipe:
+//
+//	worker:  "SHARDD-RELAY/1 SERVE <name>\n"  -> waits -> "PAIRED\n"
+//	head:    "SHARDD-RELAY/1 DIAL <name>\n"   -> "OK\n" | "ERR <reason>\n"
+//
+// A worker keeps a few idle SERVE connections registered (Listen); each DIAL
+// takes one, and the worker registers another. A DIAL waits a bounded time
+// for a registration, so a worker that is restarting is found when it comes
+// back.
+//
+// For tests and demos a Relay adds latency to every chunk it forwards,
+// stalls on a schedule, and can cut every paired connection at once; it
+// counts the bytes it carried each way.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+const (
+	version = "SHARDD-RELAY/1"
+	// maxLine bounds a rendezvous line.
+	maxLine = 256
+	// maxName bounds a worker's name.
+	maxName = 128
+)
+
+// Errors a caller can classify.
+var (
+	ErrRefused = errors.New("relay: refused")
+	ErrURL     = errors.New("relay: not a relay://HOST:PORT/NAME address")
+)
+
+// ParseURL splits "relay://HOST:PORT/NAME" into the relay's address and
+// the worker's name.
+func ParseURL(s string) (addr, name string, err error) {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "relay" || u.Host == "" || u.User != nil || u.RawQuery != "" {
+		return "", "", fmt.Errorf("%w: %q", ErrURL, s)
+	}
+	name = strings.TrimPrefix(u.Path, "/")
+	if err := checkName(name); err != nil {
+		return "", "", fmt.Errorf("%w: %q: %v", ErrURL, s, err)
+	}
+	return u.Host, name, nil
+}
+
+func checkName(name string) error {
+	if name == "" || len(name) > maxName {
+		return fmt.Errorf("a name of 1..%d characters", maxName)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return fmt.Errorf("name %q: letters, digits, '-', '_' and '.' only", name)
+		}
+	}
+	return nil
+}
+
+// readLine reads one rendezvous line byte by byte, so that nothing after
+// it is consumed.
+func readLine(c net.Conn) (string, error) {
+	var b [1]byte
+	var line []byte
+	for len(line) <= maxLine {
+		if _, err := io.ReadFull(c, b[:]); err != nil {
+			return "", err
+		}
+		if b[0] == '\n' {
+			return string(line), nil
+		}
+		line = append(line, b[0])
+	}
+	return "", fmt.Errorf("%w: rendezvous line too long", ErrRefused)
+}
+
+// Dial opens a connection to the worker registered as name at the relay
+// addr. The connection is the byte pipe to the worker once Dial returns.
+func Dial(ctx context.Context, addr, name string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	line, err := func() (string, error) {
+		if _, err := fmt.Fprintf(c, "%s DIAL %s\n", version, name); err != nil {
+			return "", err
+		}
+		return readLine(c)
+	}()
+	if !stop() || ctx.Err() != nil {
+		c.Close()
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("relay %s: %w", addr, err)
+	}
+	if line != "OK" {
+		c.Close()
+		return nil, fmt.Errorf("%w: relay %s: %s", ErrRefused, addr, strings.TrimPrefix(line, "ERR "))
+	}
+	return c, nil
+}
+
+// Relay pairs workers' and heads' connections and copies bytes between
+// them. Set the fields before Serve.
+type Relay struct {
+	// Latency is added to every chunk of bytes in each direction.
+	Latency time.Duration
+	// StallEvery and StallFor stop all forwarding for StallFor once every
+	// StallEvery (0: never).
+	StallEvery, StallFor time.Duration
+	// WaitTimeout bounds how long a DIAL waits for its worker to register
+	// (default 10 s).
+	WaitTimeout time.Duration
+	// MaxIdle bounds the idle registrations of one name (default 64).
+	MaxIdle int
+	Log     *slog.Logger
+
+	mu      sync.Mutex // guards the fields below
+	idle    map[string]chan *waiter
+	pairs   map[*pair]struct{}
+	lns     map[net.Listener]struct{}
+	waiting map[*waiter]struct{}
+	closed  bool
+
+	stall gate
+	wg    sync.WaitGroup
+	done  chan struct{}
+	once  sync.Once
+
+	stats struct {
+		paired, refused, resets atomic.Int64
+		toWorker, toHead        atomic.Int64
+	}
+}
+
+// Stats counts what a relay did.
+type Stats struct {
+	Paired, Refused, Resets int64
+	// BytesToWorker and BytesToHead are the bytes written to each side
+	// after pairing: exactly what the other side sent.
+	BytesToWorker, BytesToHead int64
+}
+
+// Stats returns the counters so far.
+func (r *Relay) Stats() Stats {
+	return Stats{
+		Paired: r.stats.paired.Load(), Refused: r.stats.refused.Load(), Resets: r.stats.resets.Load(),
+		BytesToWorker: r.stats.toWorker.Load(), BytesToHead: r.stats.toHead.Load(),
+	}
+}
+
+func (r *Relay) init() {
+	r.once.Do(func() {
+		r.idle, r.pairs, r.lns, r.waiting = map[string]chan *waiter{}, map[*pair]struct{}{}, map[net.Listener]struct{}{}, map[*waiter]struct{}{}
+		r.done = make(chan struct{})
+		if r.WaitTimeout == 0 {
+			r.WaitTimeout = 10 * time.Second
+		}
+		if r.MaxIdle == 0 {
+			r.MaxIdle = 64
+		}
+		if r.Log == nil {
+			r.Log = slog.New(slog.DiscardHandler)
+		}
+		if r.StallEvery > 0 && r.StallFor > 0 {
+			r.wg.Add(1)
+			go r.stalls()
+		}
+	})
+}
+
+// Serve accepts connections on ln until ln or the relay is closed.
+func (r *Relay) Serve(ln net.Listener) error {
+	r.init()
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		ln.Close()
+		return net.ErrClosed
+	}
+	r.lns[ln] = struct{}{}
+	r.mu.Unlock()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return err
+		}
+		r.wg.Add(1)
+		go r.handle(c)
+	}
+}
+
+// Close stops accepting, closes every connection and waits for the
+// relay's goroutines.
+func (r *Relay) Close() {
+	r.init()
+	r.mu.Lock()
+	if !r.closed {
+		r.closed = true
+		close(r.done)
+	}
+	for ln := range r.lns {
+		ln.Close()
+	}
+	for p := range r.pairs {
+		p.close(false)
+	}
+	for w := range r.waiting {
+		w.c.Close()
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+// Reset cuts every paired connection (both sides see a reset), as a relay
+// that restarts or loses its network would. It returns how many.
+func (r *Relay) Reset() int {
+	r.mu.Lock()
+	ps := make([]*pair, 0, len(r.pairs))
+	for p := range r.pairs {
+		ps = append(ps, p)
+	}
+	r.mu.Unlock()
+	for _, p := range ps {
+		p.close(true)
+	}
+	r.stats.resets.Add(int64(len(ps)))
+	return len(ps)
+}
+
+// Stall stops all forwarding for d.
+func (r *Relay) Stall(d time.Duration) { r.stall.pause(time.Now().Add(d).UnixNano()) }
+
+func (r *Relay) stalls() {
+	defer r.wg.Done()
+	t := time.NewTicker(r.StallEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.done:
+			return
+		case <-t.C:
+			r.Stall(r.StallFor)
+		}
+	}
+}
+
+// handle reads a connection's rendezvous line and registers or pairs it.
+func (r *Relay) handle(c net.Conn) {
+	defer r.wg.Done()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := readLine(c)
+	c.SetReadDeadline(time.Time{})
+	f := strings.Fields(line)
+	if err == nil && (len(f) != 3 || f[0] != version || (f[1] != "SERVE" && f[1] != "DIAL")) {
+		err = fmt.Errorf("%w: not a %s rendezvous", ErrRefused, version)
+	}
+	if err == nil {
+		err = checkName(f[2])
+	}
+	if err != nil {
+		r.refuse(c, "bad rendezvous line")
+		return
+	}
+	if f[1] == "SERVE" {
+		r.register(c, f[2])
+		return
+	}
+	r.pairDial(c, f[2])
+}
+
+func (r *Relay) refuse(c net.Conn, why string) {
+	r.stats.refused.Add(1)
+	c.SetWriteDeadline(time.Now().Add(time.Second))
+	fmt.Fprintf(c, "ERR %s\n", why)
+	c.Close()
+}
+
+// waiter is a worker's idle registration.
+type waiter struct {
+	c net.Conn
+	// dead is set by the watch goroutine when the worker's side closed
+	// (or sent bytes before being paired); watched is closed when it
+	// returns.
+	dead    atomic.Bool
+	watched chan struct{}
+}
+
+func (r *Relay) queue(name string) (chan *waiter, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, false
+	}
+	q, ok := r.idle[name]
+	if !ok {
+		if len(r.idle) >= 4096 {
+			return nil, false
+		}
+		q = make(chan *waiter, r.MaxIdle)
+		r.idle[name] = q
+	}
+	return q, true
+}
+
+// register parks a worker's connection until a head dials its name.
+func (r *Relay) register(c net.Conn, name string) {
+	q, ok := r.queue(name)
+	if !ok {
+		r.refuse(c, "relay full")
+		return
+	}
+	w := &waiter{c: c, watched: make(chan struct{})}
+	r.mu.Lock()
+	r.waiting[w] = struct{}{}
+	r.mu.Unlock()
+	select {
+	case q <- w:
+	default:
+		r.mu.Lock()
+		delete(r.waiting, w)
+		r.mu.Unlock()
+		r.refuse(c, "too many idle registrations")
+		return
+	}
+	// Watch the idle connection, so that a worker that went away is not
+	// paired: a read returns only when it closes (or misbehaves), or when
+	// pairing interrupts it with a past deadline.
+	go func() {
+		defer close(w.watched)
+		var b [1]byte
+		if _, err := c.Read(b[:]); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return
+			}
+		}
+		w.dead.Store(true)
+		r.mu.Lock()
+		delete(r.waiting, w)
+		r.mu.Unlock()
+		c.Close()
+	}()
+}
+
+// pairDial pairs a head's connection with an idle registration of name.
+func (r *Relay) pairDial(c net.Conn, name string) {
+	q, ok := r.queue(name)
+	if !ok {
+		r.refuse(c, "relay full")
+		return
+	}
+	timeout := time.NewTimer(r.WaitTimeout)
+	defer timeout.Stop()
+	for {
+		var w *waiter
+		select {
+		case w = <-q:
+		case <-timeout.C:
+			r.refuse(c, "no worker registered as "+name)
+			return
+		case <-r.done:
+			c.Close()
+			return
+		}
+		// Stop the watch; a registration that died meanwhile is skipped.
+		w.c.SetReadDeadline(time.Now())
+		<-w.watched
+		r.mu.Lock()
+		delete(r.waiting, w)
+		r.mu.Unlock()
+		if w.dead.Load() {
+			continue
+		}
+		w.c.SetReadDeadline(time.Time{})
+		if _, err := io.WriteString(w.c, "PAIRED\n"); err != nil {
+			w.c.Close()
+			continue
+		}
+		if _, err := io.WriteString(c, "OK\n"); err != nil {
+			w.c.Close()
+			c.Close()
+			return
+		}
+		r.stats.paired.Add(1)
+		r.pipe(c, w.c)
+		return
+	}
+}
+
+// pair is one head and worker joined.
+type pair struct {
+	head, worker net.Conn
+	once         sync.Once
+	ended        atomic.Int32 // directions that ended cleanly
+}
+
+// close ends both sides; with reset, as an RST (no FIN).
+func (p *pair) close(reset bool) {
+	p.once.Do(func() {
+		for _, c := range []net.Conn{p.head, p.worker} {
+			if tc, ok := c.(*net.TCPConn); ok && reset {
+				tc.SetLinger(0)
+			}
+			c.Close()
+		}
+	})
+}
+
+// pipe copies both ways until both directions end or either fails.
+func (r *Relay) pipe(head, worker net.Conn) {
+	p := &pair{head: head, worker: worker}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		p.close(false)
+		return
+	}
+	r.pairs[p] = struct{}{}
+	r.mu.Unlock()
+	done := make(chan struct{}, 2)
+	go func() { r.copy(p, worker, head, &r.stats.toWorker); done <- struct{}{} }()
+	r.copy(p, head, worker, &r.stats.toHead)
+	<-done
+	p.close(false)
+	r.mu.Lock()
+	delete(r.pairs, p)
+	r.mu.Unlock()
+}
+
+// chunk is bytes read from one side, due at the other at a time.
+type chunk struct {
+	b   []byte
+	due time.Time
+}
+
+// copy forwards src to dst: a reader goroutine timestamps what it reads, and
+// this goroutine writes each chunk once its latency has passed and no
+// stall holds it. A clean end of src is passed on as a half close.
+func (r *Relay) copy(p *pair, dst, src net.Conn, count *atomic.Int64) {
+	q := make(chan chunk, 64)
+	free := make(chan []byte, 64)
+	go func() {
+		defer close(q)
+		for {
+			var b []byte
+			select {
+			case b = <-free:
+			default:
+				b = make([]byte, 32<<10)
+			}
+			n, err := src.Read(b[:cap(b)])
+			if n > 0 {
+				q <- chunk{b: b[:n], due: time.Now().Add(r.Latency)}
+			}
+			if err != nil {
+				if err == io.EOF {
+					q <- chunk{} // clean end
+				} else {
+					p.close(true) // a reset is passed on as a reset
+				}
+				return
+			}
+		}
+	}()
+	failed := false
+	for ch := range q {
+		if failed {
+			continue
+		}
+		if ch.b == nil {
+			if tc, ok := dst.(*net.TCPConn); ok {
+				tc.CloseWrite()
+			}
+			if p.ended.Add(1) == 2 {
+				p.close(false)
+			}
+			continue
+		}
+		if d := time.Until(ch.due); d > 0 {
+			time.Sleep(d)
+		}
+		r.stall.wait()
+		n, err := dst.Write(ch.b)
+		count.Add(int64(n))
+		if err != nil {
+			failed = true
+			p.close(false)
+		}
+		select {
+		case free <- ch.b[:0]:
+		default:
+		}
+	}
+}
+
+// gate holds forwarding until a time.
+type gate struct{ until atomic.Int64 }
+
+func (g *gate) pause(until int64) {
+	for {
+		old := g.until.Load()
+		if old >= until || g.until.CompareAndSwap(old, until) {
+			return
+		}
+	}
+}
+
+func (g *gate) wait() {
+	for {
+		d := time.Duration(g.until.Load() - time.Now().UnixNano())
+		if d <= 0 {
+			return
+		}
+		time.Sleep(d)
+	}
+}
