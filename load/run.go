@@ -166,7 +166,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 		opts.MaxInflight = 4096
 	}
 	for _, a := range t.Addrs {
-		c, err := net.DialTimeout("tcp", a, 3*time.Second)
+		c, err := net.DialTimeout("tcp", route.NetAddr(a), 3*time.Second)
 		if err != nil {
 			return nil, fmt.Errorf("load: %s: worker %s is unreachable: %w", t.Name, a, err)
 		}

@@ -1,9 +1,10 @@
 // Package route is the head side of a route: it drives a generation through
 // a chain of shardd workers over the Shard data plane.
 //
-// A Route holds one gRPC connection per hop and checks, before any work, that
-// the hops are validated, serve the same model and recipe, and tile the
-// layers from 0 with no gap. Each Generate opens one Session stream per hop,
+// A Route holds one gRPC connection per direct hop (a relayed hop opens a
+// frame connection per stream and per call: see transport.go) and checks,
+// before any work, that the hops are validated, serve the same model and
+// recipe, and tile the layers from 0 with no gap. Each Generate opens one Session stream per hop,
 // sends the prompt as bounded prefill chunks, passes each hop's output tensor
 // to the next hop unchanged (it is already framed and checksummed), decodes
 // through the DecodeStep fast path and samples at the head. A step's output
@@ -84,7 +85,7 @@ type StepSample struct {
 type Hop struct {
 	Addr       string
 	Capability *shardv1.CapabilityReport
-	conn       *grpc.ClientConn
+	conn       *grpc.ClientConn // nil for a frame hop (relayed or direct)
 	client     shardv1.ShardRuntimeClient
 }
 
@@ -142,7 +143,10 @@ func (e *ResponseError) Error() string {
 
 func (e *ResponseError) Unwrap() error { return ErrResponse }
 
-// Dial connects to every hop and checks that they form a route.
+// maxResponseBytes bounds one message from a worker.
+const maxResponseBytes = 256 << 20
+
+// Dial connects to every hop (addresses as in transport.go) and checks that they form a route.
 func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 	if opts.StepTimeout == 0 {
 		opts.StepTimeout = 60 * time.Second
@@ -164,19 +168,28 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 		grpc.WithInitialWindowSize(recvWindow), grpc.WithInitialConnWindowSize(2 * recvWindow),
 		grpc.WithWriteBufferSize(256 << 10), grpc.WithReadBufferSize(256 << 10),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(decode.Codec{Pool: bufpool.Default}),
-			grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20),
+			grpc.MaxCallRecvMsgSize(maxResponseBytes), grpc.MaxCallSendMsgSize(maxResponseBytes),
 			// A hop that restarts comes back on the same address: wait for
 			// it (bounded by the step's context) instead of failing at once.
 			grpc.WaitForReady(true)),
 	}, opts.DialOptions...)
 
 	for _, addr := range addrs {
-		conn, err := grpc.NewClient(addr, dial...)
+		h := &Hop{Addr: addr}
+		fc, err := frameClient(addr, opts.TLS)
 		if err != nil {
 			r.Close()
-			return nil, fmt.Errorf("route: %s: %w", addr, err)
+			return nil, err
 		}
-		h := &Hop{Addr: addr, conn: conn, client: shardv1.NewShardRuntimeClient(conn)}
+		if fc != nil {
+			h.client = fc
+		} else {
+			if h.conn, err = grpc.NewClient(addr, dial...); err != nil {
+				r.Close()
+				return nil, fmt.Errorf("route: %s: %w", addr, err)
+			}
+			h.client = shardv1.NewShardRuntimeClient(h.conn)
+		}
 		r.Hops = append(r.Hops, h)
 		// WaitForReady waits for a hop that is restarting; a hop that
 		// does not come back within a step's time is unreachable.

@@ -24,7 +24,7 @@ func runGenerate(args []string) error {
 	fs := newFlags("generate", "--route ADDR1,ADDR2[,...] (--prompt-tokens 1,2,3 | --prompt TEXT --tokenizer FILE.gguf) [flags]",
 		"Sends the prompt through the route (first worker first), samples at the head, streams tokens\n"+
 			"as they come, and prints per-hop and total timing at the end.")
-	routeFlag := fs.String("route", "", "comma-separated worker addresses, in layer order")
+	routeFlag := fs.String("route", "", "comma-separated worker addresses, in layer order: HOST:PORT (gRPC), relay://HOST:PORT/NAME (through a relay) or frames://HOST:PORT; one route may mix them")
 	tlsf := addClientTLS(fs)
 	promptTokens := fs.String("prompt-tokens", "", "comma-separated prompt token ids")
 	prompt := fs.String("prompt", "", "prompt text (needs --tokenizer)")
@@ -88,7 +88,11 @@ func runGenerate(args []string) error {
 		return err
 	}
 	defer tel.Shutdown(context.Background())
-	tlsCfg, err := tlsf.config(splitList(*routeFlag), nil)
+	var netAddrs []string
+	for _, hop := range splitList(*routeFlag) {
+		netAddrs = append(netAddrs, route.NetAddr(hop))
+	}
+	tlsCfg, err := tlsf.config(netAddrs, nil)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -21,15 +23,17 @@ import (
 	"github.com/meshnet/shardd/backend/llamacpp"
 	"github.com/meshnet/shardd/bufpool"
 	"github.com/meshnet/shardd/engine"
+	"github.com/meshnet/shardd/frames"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/relay"
 )
 
 // version is reported as recipe_version; set with -ldflags "-X main.version=...".
 var version = "dev"
 
 func init() {
-	register(command{name: "serve", summary: "serve one shard over the Shard data plane (gRPC)", run: runServe})
+	register(command{name: "serve", summary: "serve one shard over the Shard data plane (gRPC; also frames, directly or through a relay)", run: runServe})
 }
 
 func runServe(args []string) error {
@@ -42,6 +46,8 @@ func runServe(args []string) error {
 	model := fs.String("model", "", "shard or model GGUF")
 	listen := fs.String("listen", "127.0.0.1:7070", "address to listen on")
 	tlsf := addServerTLS(fs)
+	relayAt := fs.String("relay", "", "also serve through the relay at HOST:PORT/NAME (or relay://HOST:PORT/NAME): register there as NAME, dialling out, for heads that cannot reach this worker (README: Relayed hops)")
+	framesListen := fs.String("frames-listen", "", "also serve the frame transport (what a relay carries) directly on this address; heads dial it as frames://ADDR")
 	threads := fs.Int("threads", 0, "forward threads (0: all cores)")
 	sessions := fs.Int("max-sessions", 16, "route sessions holding KV state at once (<= 255)")
 	ctxTokens := fs.Int("ctx-tokens", 0, "KV capacity in tokens shared by all sessions (0: the model's context length)")
@@ -139,7 +145,17 @@ func runServe(args []string) error {
 	}, be, meta, log)
 	defer eng.Close()
 
-	tlsCfg, err := tlsf.config([]string{*listen}, log)
+	var relayAddr, relayName string
+	if *relayAt != "" {
+		u := *relayAt
+		if !strings.HasPrefix(u, "relay://") {
+			u = "relay://" + u
+		}
+		if relayAddr, relayName, err = relay.ParseURL(u); err != nil {
+			return fmt.Errorf("--relay: %w", err)
+		}
+	}
+	tlsCfg, err := tlsf.config(nonEmpty(*listen, *framesListen, relayAddr), log)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -170,8 +186,12 @@ func runServe(args []string) error {
 	// A line scripts wait for.
 	fmt.Printf("shardd: listening on %s\n", lis.Addr())
 
-	errc := make(chan error, 1)
+	errc := make(chan error, 3)
 	go func() { errc <- srv.Serve(lis) }()
+	fsrv, err := serveFrames(eng, log, tlsCfg, *framesListen, relayAddr, relayName, errc)
+	if err != nil {
+		return err
+	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1)
 wait:
@@ -216,7 +236,13 @@ wait:
 	// Open streams end when their initiators close them; give them the
 	// rest of the drain window, then stop.
 	stopped := make(chan struct{})
-	go func() { srv.GracefulStop(); close(stopped) }()
+	go func() {
+		if fsrv != nil {
+			fsrv.Shutdown(ctx)
+		}
+		srv.GracefulStop()
+		close(stopped)
+	}()
 	select {
 	case <-stopped:
 	case <-ctx.Done():
@@ -224,6 +250,59 @@ wait:
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// serveFrames serves the engine on frame connections: accepted on
+// framesListen, and through the relay at relayAddr as relayName (each
+// optional). It prints a line for each, as scripts read "listening on".
+// A listener that fails reports on errc. nil when neither is asked for.
+func serveFrames(eng *engine.Engine, log *slog.Logger, tlsCfg *tls.Config, framesListen, relayAddr, relayName string, errc chan<- error) (*frames.Server, error) {
+	var lns []net.Listener
+	if framesListen != "" {
+		ln, err := net.Listen("tcp", framesListen)
+		if err != nil {
+			return nil, err
+		}
+		log.Info("serving frames", "listen", ln.Addr().String())
+		fmt.Printf("shardd: frames on %s\n", ln.Addr())
+		lns = append(lns, ln)
+	}
+	if relayAddr != "" {
+		rl, err := relay.Listen(relayAddr, relayName, relay.ListenOptions{Log: log})
+		if err != nil {
+			return nil, err
+		}
+		log.Info("serving through a relay", "url", rl.URL())
+		fmt.Printf("shardd: relayed as %s\n", rl.URL())
+		lns = append(lns, rl)
+	}
+	if len(lns) == 0 {
+		return nil, nil
+	}
+	fsrv := eng.FrameServer(log)
+	for _, ln := range lns {
+		if tlsCfg != nil {
+			// End to end with the head: a relay carries only ciphertext.
+			ln = tls.NewListener(ln, tlsCfg)
+		}
+		go func() {
+			if err := fsrv.Serve(ln); err != nil && !errors.Is(err, net.ErrClosed) {
+				errc <- err
+			}
+		}()
+	}
+	return fsrv, nil
+}
+
+// nonEmpty drops empty strings.
+func nonEmpty(ss ...string) []string {
+	var out []string
+	for _, s := range ss {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func newLogger(level string) (*slog.Logger, error) {
