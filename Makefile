@@ -96,7 +96,7 @@ unit: deps
 ## slow -race workers: "context deadline exceeded").
 FUZZ_TARGETS := ./stages/receive:FuzzReceive ./stages/checksum:FuzzUpdate \
   ./stages/decode:FuzzCodecDecode ./stages/decode:FuzzSplicedEncoder \
-  ./engine:FuzzSession:race ./route:FuzzHeadResponse:race
+  ./frames:FuzzServer ./engine:FuzzSession:race ./route:FuzzHeadResponse:race
 fuzz: deps
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; rest=$${t#*:}; fn=$${rest%%:*}; \
 	  race=; case "$$rest" in *:race) race=-race;; esac; \

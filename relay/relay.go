@@ -256,6 +256,19 @@ func (r *Relay) Reset() int {
 	return len(ps)
 }
 
+// ResetAfter arms every paired connection to be reset once n more bytes
+// have gone toward the head: with n smaller than a response, the reset
+// lands in the middle of it, after the worker has done the work. It
+// returns how many connections were armed.
+func (r *Relay) ResetAfter(n int64) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p := range r.pairs {
+		p.resetAfter.Store(max(n, 1))
+	}
+	return len(r.pairs)
+}
+
 // Stall stops all forwarding for d.
 func (r *Relay) Stall(d time.Duration) { r.stall.pause(time.Now().Add(d).UnixNano()) }
 
@@ -421,6 +434,7 @@ type pair struct {
 	head, worker net.Conn
 	once         sync.Once
 	ended        atomic.Int32 // directions that ended cleanly
+	resetAfter   atomic.Int64 // bytes toward the head before a reset (0: none armed)
 }
 
 // close ends both sides; with reset, as an RST (no FIN).
@@ -447,8 +461,8 @@ func (r *Relay) pipe(head, worker net.Conn) {
 	r.pairs[p] = struct{}{}
 	r.mu.Unlock()
 	done := make(chan struct{}, 2)
-	go func() { r.copy(p, worker, head, &r.stats.toWorker); done <- struct{}{} }()
-	r.copy(p, head, worker, &r.stats.toHead)
+	go func() { r.copy(p, worker, head, &r.stats.toWorker, nil); done <- struct{}{} }()
+	r.copy(p, head, worker, &r.stats.toHead, &p.resetAfter)
 	<-done
 	p.close(false)
 	r.mu.Lock()
@@ -465,7 +479,7 @@ type chunk struct {
 // copy forwards src to dst: a reader goroutine timestamps what it reads, and
 // this goroutine writes each chunk once its latency has passed and no
 // stall holds it. A clean end of src is passed on as a half close.
-func (r *Relay) copy(p *pair, dst, src net.Conn, count *atomic.Int64) {
+func (r *Relay) copy(p *pair, dst, src net.Conn, count, resetAfter *atomic.Int64) {
 	q := make(chan chunk, 64)
 	free := make(chan []byte, 64)
 	go func() {
@@ -509,11 +523,24 @@ func (r *Relay) copy(p *pair, dst, src net.Conn, count *atomic.Int64) {
 			time.Sleep(d)
 		}
 		r.stall.wait()
-		n, err := dst.Write(ch.b)
+		b, cut := ch.b, false
+		if resetAfter != nil {
+			if left := resetAfter.Load(); left > 0 {
+				if int64(len(b)) >= left {
+					b, cut = b[:left], true
+				} else {
+					resetAfter.Add(-int64(len(b)))
+				}
+			}
+		}
+		n, err := dst.Write(b)
 		count.Add(int64(n))
-		if err != nil {
+		if err != nil || cut {
 			failed = true
-			p.close(false)
+			if cut {
+				r.stats.resets.Add(1)
+			}
+			p.close(cut)
 		}
 		select {
 		case free <- ch.b[:0]:
