@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/load"
+	"github.com/meshnet/shardd/relay"
 	"github.com/meshnet/shardd/route"
 )
 
@@ -50,7 +53,13 @@ target, with a table of each failing limit and by how much.
 Links (--link HOP=COND,..., repeatable; HOP from 0 or 'all'): a toxiproxy proxy on loopback in
 front of that hop's worker, on the first target only: latency:DUR (each way, whole ms),
 jitter:DUR, bandwidth:RATE (1gbit, 100mbit, 10mbyte...). Periodic resets and stalls are not
-offered (load/links.go says why).`
+offered (load/links.go says why).
+
+Relayed hops (--relay-hops 1, or 0,2, or all; with --model): the harness runs a relay on
+loopback in its own process (as shardd relay; --relay-latency), the workers of those hops also
+register there, and a second target 'route+relay' drives the same workers with those hops
+through the relay, in interleaved rounds with the direct 'route': the ratio column is the
+relay's cost. A route you run takes relay://HOST:PORT/NAME hops in --route.`
 
 func runBench(args []string) error {
 	fs := newFlags("bench", "(--route A,B,... | --model FILE (--shards N | --ranges R)) [flags]", benchHelp)
@@ -84,6 +93,8 @@ func runBench(args []string) error {
 	rounds := fs.Int("rounds", 1, "rounds of every target and level, interleaved; the report gives medians")
 	sloFlag := fs.String("slo", "", "per-request SLO for goodput: ttft=300ms,itl=25ms,tpot=20ms,e2e=5s")
 	budgetFile := fs.String("budget", "", "budget file (.yaml or .toml): exit 1 when a limit fails")
+	relayHops := fs.String("relay-hops", "", "with --model: also run the route with these hops (0,1,... or all) through a relay the harness runs, as a target 'route+relay' on the same workers, interleaved with the direct route")
+	relayLatency := fs.Duration("relay-latency", 0, "with --relay-hops: delay the relay adds to every chunk, each way")
 	var links listFlag
 	fs.Var(&links, "link", "network condition of a hop, HOP=latency:5ms,jitter:1ms,bandwidth:1gbit (repeatable)")
 	jsonOut := fs.String("json", "", "write the report as JSON (schema "+load.Schema+")")
@@ -137,8 +148,11 @@ func runBench(args []string) error {
 		fs.Usage()
 		return fmt.Errorf("give --route or --model, not both")
 	}
-	if *routeFlag != "" && (*unsplit || *shards > 0 || *ranges != "" || *stages) {
-		return fmt.Errorf("--unsplit, --shards, --ranges and --stages need --model (the harness starts those workers)")
+	if *routeFlag != "" && (*unsplit || *shards > 0 || *ranges != "" || *stages || *relayHops != "") {
+		return fmt.Errorf("--unsplit, --shards, --ranges, --stages and --relay-hops need --model (the harness starts those workers); a route you run takes relay://HOST:PORT/NAME hops in --route")
+	}
+	if *relayLatency < 0 {
+		return fmt.Errorf("--relay-latency must not be negative")
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -164,8 +178,15 @@ func runBench(args []string) error {
 		targets = append(targets, t)
 		rep.Targets = append(rep.Targets, load.TargetInfo{Name: t.Name, Workers: addrs})
 	} else {
+		var rl *relayTarget
+		if *relayHops != "" {
+			if rl, err = startRelay(*relayHops, *relayLatency); err != nil {
+				return err
+			}
+			defer rl.relay.Close()
+		}
 		spawned, infos, closeAll, err := startTargets(ctx, *model, *shards, *ranges, *threads, *workerCPUs, *unsplit,
-			*unsplitThreads, *unsplitCPUs, *serveArgs, *stages, dir, w, levels, sweepParam)
+			*unsplitThreads, *unsplitCPUs, *serveArgs, *stages, dir, w, levels, sweepParam, rl)
 		defer closeAll()
 		if err != nil {
 			return err
@@ -304,6 +325,7 @@ func workloadInfo(w load.Workload, levels []float64, sweepParam string, rounds, 
 // process it started, also after an error.
 func startTargets(ctx context.Context, model string, shards int, rangesFlag, threadsFlag, cpusFlag string, unsplit bool,
 	unsplitThreads, unsplitCPUs, serveArgs string, stages bool, dir string, w load.Workload, levels []float64, sweepParam string,
+	rl *relayTarget,
 ) (targets []load.Target, infos []load.TargetInfo, closeAll func(), err error) {
 	var clusters []*load.Cluster
 	closeAll = func() {
@@ -366,12 +388,21 @@ func startTargets(ctx context.Context, model string, shards int, rangesFlag, thr
 		return nil, nil, closeAll, err
 	}
 	extra := append(sessionArgs(w, levels, sweepParam), strings.Fields(serveArgs)...)
+	relayed := map[int]string{} // hop -> its relay URL
+	if rl != nil {
+		if relayed, err = rl.hops(len(rs)); err != nil {
+			return nil, nil, closeAll, err
+		}
+	}
 
 	route := load.Target{Name: "route"}
 	info := load.TargetInfo{Name: "route", Threads: threads}
 	var specs []load.WorkerSpec
 	for i, p := range paths {
 		s := load.WorkerSpec{Model: p, Name: fmt.Sprintf("hop%d", i), Threads: threads[i], Args: extra}
+		if u, ok := relayed[i]; ok {
+			s.Args = append(slices.Clone(extra), "--relay", u)
+		}
 		if len(cpuSets) > 0 {
 			s.CPUs = cpuSets[i]
 			info.CPUs = append(info.CPUs, intsString(s.CPUs))
@@ -392,6 +423,18 @@ func startTargets(ctx context.Context, model string, shards int, rangesFlag, thr
 	clusters = append(clusters, c)
 	route.Addrs, route.Workers, info.Workers = c.Addrs, c.Addrs, c.Addrs
 	targets, infos = append(targets, route), append(infos, info)
+	if len(relayed) > 0 {
+		// The same workers, with the relayed hops reached through the relay.
+		rt, ri := route, info
+		rt.Name, ri.Name = "route+relay", "route+relay"
+		rt.Addrs = slices.Clone(c.Addrs)
+		rt.Workers = rt.Addrs
+		for i, u := range relayed {
+			rt.Addrs[i] = u
+		}
+		ri.Workers = rt.Addrs
+		targets, infos = append(targets, rt), append(infos, ri)
+	}
 
 	for i, th := range baseThreads {
 		if !unsplit {
@@ -474,4 +517,41 @@ func selfPath() string {
 		return os.Args[0]
 	}
 	return p
+}
+
+// relayTarget is the relay the harness runs for --relay-hops.
+type relayTarget struct {
+	relay *relay.Relay
+	addr  string
+	spec  string // the --relay-hops value
+}
+
+func startRelay(spec string, latency time.Duration) (*relayTarget, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	r := &relay.Relay{Latency: latency}
+	go r.Serve(ln)
+	return &relayTarget{relay: r, addr: ln.Addr().String(), spec: spec}, nil
+}
+
+// hops parses the --relay-hops list for a route of n hops into each
+// relayed hop's URL.
+func (rl *relayTarget) hops(n int) (map[int]string, error) {
+	out := map[int]string{}
+	for _, v := range splitList(rl.spec) {
+		if v == "all" {
+			for i := range n {
+				out[i] = fmt.Sprintf("relay://%s/hop%d", rl.addr, i)
+			}
+			continue
+		}
+		i, err := strconv.Atoi(v)
+		if err != nil || i < 0 || i >= n {
+			return nil, fmt.Errorf("--relay-hops: %q is not a hop of this %d-hop route", v, n)
+		}
+		out[i] = fmt.Sprintf("relay://%s/hop%d", rl.addr, i)
+	}
+	return out, nil
 }
