@@ -17,8 +17,10 @@ import (
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/bufpool"
 	"github.com/meshnet/shardd/engine"
+	"github.com/meshnet/shardd/frames"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/relay"
 	"github.com/meshnet/shardd/stages/decode"
 	"github.com/meshnet/shardd/stages/frameout"
 	"github.com/meshnet/shardd/telemetry"
@@ -34,22 +36,62 @@ type shardClient struct {
 	eng    *engine.Engine
 }
 
-// startShard serves be through an engine on loopback and opens a session.
+// startShard serves be through an engine on loopback and opens a session
+// over gRPC.
 func startShard(b *testing.B, be backend.Backend, meta gguf.Meta, cfg engine.Config) *shardClient {
+	return startShardVia(b, be, meta, cfg, "grpc")
+}
+
+// startShardVia is startShard over a transport: "grpc"; "frames", the
+// frame transport on a direct TCP connection; or "relay", frames through a
+// relay on loopback.
+func startShardVia(b *testing.B, be backend.Backend, meta gguf.Meta, cfg engine.Config, transport string) *shardClient {
 	eng := engine.New(cfg, be, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := grpc.NewServer(eng.ServerOptions()...)
-	shardv1.RegisterShardRuntimeServer(srv, eng)
-	go srv.Serve(lis)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(decode.Codec{Pool: bufpool.Default}), grpc.MaxCallSendMsgSize(64<<20), grpc.MaxCallRecvMsgSize(64<<20)))
-	if err != nil {
-		b.Fatal(err)
+	var client shardv1.ShardRuntimeClient
+	stop := func() {}
+	switch transport {
+	case "grpc":
+		srv := grpc.NewServer(eng.ServerOptions()...)
+		shardv1.RegisterShardRuntimeServer(srv, eng)
+		go srv.Serve(lis)
+		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.ForceCodecV2(decode.Codec{Pool: bufpool.Default}), grpc.MaxCallSendMsgSize(64<<20), grpc.MaxCallRecvMsgSize(64<<20)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		client, stop = shardv1.NewShardRuntimeClient(conn), func() { conn.Close(); srv.Stop() }
+	case "frames", "relay":
+		fs := eng.FrameServer(nil)
+		addr := lis.Addr().String()
+		dial := func(ctx context.Context) (net.Conn, error) { var d net.Dialer; return d.DialContext(ctx, "tcp", addr) }
+		var rl *relay.Relay
+		if transport == "relay" {
+			rl = &relay.Relay{}
+			go rl.Serve(lis)
+			rlis, err := relay.Listen(addr, "bench", relay.ListenOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			go fs.Serve(rlis)
+			dial = func(ctx context.Context) (net.Conn, error) { return relay.Dial(ctx, addr, "bench") }
+		} else {
+			go fs.Serve(lis)
+		}
+		client = frames.NewClient(dial, frames.Config{Codec: decode.Codec{Pool: bufpool.Default}, Pool: bufpool.Default, MaxRecv: 64 << 20})
+		stop = func() {
+			fs.Close()
+			if rl != nil {
+				rl.Close()
+			}
+		}
+	default:
+		b.Fatalf("transport %q", transport)
 	}
-	stream, err := shardv1.NewShardRuntimeClient(conn).Session(b.Context())
+	stream, err := client.Session(b.Context())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -69,8 +111,7 @@ func startShard(b *testing.B, be backend.Backend, meta gguf.Meta, cfg engine.Con
 				break
 			}
 		}
-		conn.Close()
-		srv.Stop()
+		stop()
 		eng.Close()
 	})
 	return &shardClient{stream: stream, id: id, eng: eng}
@@ -125,6 +166,16 @@ func BenchmarkDecodeHop(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 		rawPingPong(b, body, len(body))
 	})
+}
+
+// BenchmarkDecodeHopRelayed: the decode step of BenchmarkDecodeHop over
+// gRPC, over the frame transport on a direct TCP connection, and through a
+// relay on loopback (frames, two more socket copies per message), in the
+// same run: what a relayed hop costs beyond a direct one.
+func BenchmarkDecodeHopRelayed(b *testing.B) {
+	for _, tr := range []string{"grpc", "frames", "relay"} {
+		b.Run(tr, func(b *testing.B) { decodeHopVia(b, newNoop(4096, false), engine.Config{}, tr) })
+	}
 }
 
 // rawPingPong measures a raw gRPC bidi ping-pong: req out, replyBytes back.
@@ -221,12 +272,17 @@ func decodeHop(b *testing.B, cfg engine.Config) *shardClient {
 // decodeHopThrough measures request-to-Ack latency of decode steps through
 // a worker serving be (one hidden-state row in, be's output back).
 func decodeHopThrough(b *testing.B, be *noopBackend, cfg engine.Config) *shardClient {
+	return decodeHopVia(b, be, cfg, "grpc")
+}
+
+// decodeHopVia is decodeHopThrough over a transport (startShardVia).
+func decodeHopVia(b *testing.B, be *noopBackend, cfg engine.Config, transport string) *shardClient {
 	hidden := be.info.Hidden
 	body := make([]byte, 2*hidden)
 	for i := range body {
 		body[i] = byte(i)
 	}
-	c := startShard(b, be, noopMeta(), cfg)
+	c := startShardVia(b, be, noopMeta(), cfg, transport)
 	f := frameout.New(bufpool.Default)
 	defer f.Close()
 	step := &shardv1.DecodeStep{WorkId: "bench", Tensor: &shardv1.NamedTensor{}}

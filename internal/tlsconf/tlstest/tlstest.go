@@ -63,7 +63,7 @@ func (p *PKI) Leaf(name string, notAfter time.Time, usage x509.ExtKeyUsage) (cer
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(p.serial), Subject: pkix.Name{CommonName: name},
 		NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: notAfter,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{name}}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &k.PublicKey, p.caKey)
 	if err != nil {
 		p.t.Fatal(err)
