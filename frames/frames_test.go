@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,7 +36,7 @@ func (echo) Session(ss grpc.BidiStreamingServer[shardv1.SessionRequest, shardv1.
 			}
 			return err
 		}
-		id := in.Msg.GetDecode().GetWorkId()
+		id := strings.Clone(in.Msg.GetDecode().GetWorkId()) // the message aliases a buffer Release frees
 		if id == "fail" {
 			in.Release()
 			return status.Error(codes.FailedPrecondition, "asked to fail")

@@ -39,9 +39,12 @@ func init() {
 func runServe(args []string) error {
 	fs := newFlags("serve", "--model SHARD.gguf --listen ADDR [limits]",
 		"Serves the layer range of SHARD.gguf (a file from 'shardd split', or a whole model) over\n"+
-			"gRPC: meshnet.shard.v1.ShardRuntime, grpc.health.v1 and server reflection.\n"+
+			"gRPC: meshnet.shard.v1.ShardRuntime, grpc.health.v1 and server reflection. With --relay it also\n"+
+			"registers at a relay ('shardd relay') and serves the heads that reach it there, as frames of the same\n"+
+			"messages (--frames-listen: the same frames on a direct address).\n"+
 			"SIGTERM or SIGINT drains: new sessions are refused, open sessions and queued work finish, then it exits.\n"+
-			"TLS: --tls-cert/--tls-key (TLS 1.3), --tls-client-ca for mutual TLS; SIGHUP reloads them.\n"+
+			"TLS: --tls-cert/--tls-key (TLS 1.3), --tls-client-ca for mutual TLS, on every transport (end to end\n"+
+			"through a relay); SIGHUP reloads them.\n"+
 			"Plaintext is served on loopback addresses only, unless --plaintext.")
 	model := fs.String("model", "", "shard or model GGUF")
 	listen := fs.String("listen", "127.0.0.1:7070", "address to listen on")
