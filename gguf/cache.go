@@ -41,7 +41,10 @@ func CachedSplit(model string, n int, dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	ranges := EvenRanges(meta.BlockCount, n)
+	ranges, err := meta.EvenRanges(n)
+	if err != nil {
+		return nil, err
+	}
 	var paths []string
 	for _, r := range ranges {
 		p := ShardPath(model, dir, r)

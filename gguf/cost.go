@@ -17,6 +17,10 @@ import (
 type Cost struct {
 	Layers []int64 // matmul weight bytes of each block, by layer
 	Head   int64   // the output head's bytes
+	// Align is Meta.Align: cuts fall on multiples of it. (A
+	// mixture-of-experts layer counts every expert, though a step reads
+	// only those its tokens are routed to.)
+	Align int
 }
 
 // Total is the whole model's cost.
@@ -51,7 +55,7 @@ func ReadCost(path string) (Cost, error) {
 	if err != nil {
 		return Cost{}, fmt.Errorf("%w: %v", ErrBadFile, err)
 	}
-	c := Cost{Layers: make([]int64, g.KV().BlockCount())}
+	c := Cost{Layers: make([]int64, g.KV().BlockCount()), Align: layerAlign(g.KV().Architecture(), int(g.KV().Uint("attention.sliding_window")))}
 	var embd int64
 	tied := true
 	for _, t := range g.Tensors().Items() {
@@ -113,7 +117,7 @@ func BalancedRanges(c Cost, k int) []Range {
 	for j := 1; j <= k; j++ {
 		for i := j; i <= n; i++ {
 			for s := i - 1; s >= j-1; s-- {
-				if best[j-1][s] == inf {
+				if best[j-1][s] == inf || s%max(c.Align, 1) != 0 {
 					continue
 				}
 				if v := max(best[j-1][s], cost(s, i)); v < best[j][i] {
@@ -121,6 +125,9 @@ func BalancedRanges(c Cost, k int) []Range {
 				}
 			}
 		}
+	}
+	if best[k][n] == inf {
+		return nil
 	}
 	out := make([]Range, k)
 	for j, i := k, n; j > 0; j-- {

@@ -22,10 +22,65 @@ var (
 )
 
 // SupportedArchs are the architectures Split and the backend handle: those
-// whose llama.cpp graph tags the residual "l_out-<i>" and takes injected input
-// states unscaled (gemma, for one, scales its input by sqrt(n_embd)). Most
-// llama-family checkpoints (Llama, Mistral 7B, TinyLlama, ...) use "llama".
-var SupportedArchs = map[string]bool{"llama": true}
+// whose llama.cpp graph tags the residual "l_out-<i>", takes injected input
+// states as they are, and keeps no state across layers but the residual and
+// each layer's own KV. Each was proven bitwise against its whole model at
+// an f32 boundary (verify's tests). Their quirks, and where they are met:
+//   - llama: Llama 1-3, Mistral 7B, TinyLlama and most llama-family
+//     checkpoints.
+//   - qwen2 (Qwen2, Qwen2.5): Q/K/V biases; often a tied head (no
+//     output.weight: the last shard keeps token_embd).
+//   - qwen3: per-head Q/K norms. qwen3moe: the same attention and a
+//     mixture-of-experts FFN (router ffn_gate_inp and 3-D expert tensors,
+//     all in the block, so they split with it).
+//   - phi3 (Phi-3, Phi-4): fused QKV and gate/up tensors; RoPE factor
+//     tensors, when present, are global and go to every shard.
+//   - gemma3: embeddings scaled by sqrt(n_embd) only for token input
+//     (llama.cpp skips the scale for injected states, as a middle shard
+//     needs); post-attention and post-FFN norms; a final logit softcap; and
+//     a local/global layer pattern of period 6, decided by the layer's
+//     index in its file, so a shard must start on a multiple of 6
+//     (SplitAlign; Split refuses other cuts). gemma2 is not supported: its
+//     graph scales injected states too, which no shard could undo exactly.
+var SupportedArchs = map[string]bool{"llama": true, "qwen2": true, "qwen3": true, "qwen3moe": true, "phi3": true, "gemma3": true}
+
+// layerAlign is Meta.Align for an architecture and its sliding window.
+func layerAlign(arch string, window int) int {
+	if arch == "gemma3" && window > 0 {
+		return gemma3Pattern
+	}
+	return 1
+}
+
+// EvenRanges cuts the model into k ranges of near-equal layer counts that
+// start on multiples of Align (the last range takes what is left).
+func (m Meta) EvenRanges(k int) ([]Range, error) {
+	a := max(m.Align, 1)
+	units := m.BlockCount / a
+	if k < 1 || k > units {
+		return nil, fmt.Errorf("gguf: %d layers cannot make %d shards that each start on a multiple of %d", m.BlockCount, k, a)
+	}
+	rs := EvenRanges(units, k)
+	for i := range rs {
+		rs[i].Start *= a
+		rs[i].End *= a
+	}
+	rs[k-1].End = m.BlockCount
+	return rs, nil
+}
+
+// CheckAlign refuses a range that does not start on a multiple of Align.
+func (m Meta) CheckAlign(rs []Range) error {
+	for _, r := range rs {
+		if a := max(m.Align, 1); r.Start%a != 0 {
+			return fmt.Errorf("gguf: range %s: %s layers follow a %d-layer local/global pattern set by their index in the file, so a shard must start on a multiple of %d", r, m.Arch, a, a)
+		}
+	}
+	return nil
+}
+
+// supportedList names SupportedArchs in order, for messages.
+func supportedList() string { return strings.Join(slices.Sorted(maps.Keys(SupportedArchs)), ", ") }
 
 // Meta describes a model or shard file.
 type Meta struct {
@@ -40,6 +95,10 @@ type Meta struct {
 	ContextLen   int
 	FileType     string
 	Tensors      int
+	// Align is the layer multiple every shard must start on (1 for most
+	// architectures; 6 for gemma3 with a sliding window, whose layers'
+	// local/global pattern follows their index in the file).
+	Align int
 	// Tokenizer is tokenizer.ggml.model: "none" when the file carries no
 	// vocabulary (generated models, middle shards).
 	Tokenizer string
@@ -89,12 +148,13 @@ func Read(path string) (Meta, error) {
 	if ff := kv.FFNLength(); len(ff) > 0 {
 		m.FFNLen = int(ff[0])
 	}
+	m.Align = layerAlign(m.Arch, int(kv.Uint("attention.sliding_window")))
 	m.VocabSize = int(kv.Uint("vocab_size"))
 	if m.VocabSize == 0 {
 		m.VocabSize = len(kv.Strings("tokenizer.ggml.tokens"))
 	}
 	if !SupportedArchs[m.Arch] {
-		return m, fmt.Errorf("%w %q (supported: llama)", ErrUnsupportedArch, m.Arch)
+		return m, fmt.Errorf("%w %q (supported: %s)", ErrUnsupportedArch, m.Arch, supportedList())
 	}
 	if err := checkSize(f, g); err != nil {
 		return m, err

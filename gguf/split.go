@@ -84,6 +84,9 @@ func Split(src string, ranges []Range, outDir string, progress Progress) ([]stri
 	if err := CheckRanges(ranges, meta.BlockCount); err != nil {
 		return nil, err
 	}
+	if err := meta.CheckAlign(ranges); err != nil {
+		return nil, err
+	}
 	f, err := os.Open(src)
 	if err != nil {
 		return nil, err

@@ -266,7 +266,11 @@ func Run(cfg Config) ([]Result, error) {
 			return results, fmt.Errorf("verify: cannot split %d layers %d ways", meta.BlockCount, n)
 		}
 		dir := filepath.Join(cfg.WorkDir, fmt.Sprintf("split%d", n))
-		paths, err := gguf.Split(cfg.Model, gguf.EvenRanges(meta.BlockCount, n), dir, nil)
+		ranges, err := meta.EvenRanges(n)
+		if err != nil {
+			return results, fmt.Errorf("verify: %w", err)
+		}
+		paths, err := gguf.Split(cfg.Model, ranges, dir, nil)
 		if err != nil {
 			return results, err
 		}
@@ -279,7 +283,6 @@ func Run(cfg Config) ([]Result, error) {
 			}
 			shards = append(shards, b)
 		}
-		ranges := gguf.EvenRanges(meta.BlockCount, n)
 		for _, bd := range cfg.Boundaries {
 			r, err := compareSplit(shards, ranges, bd, steps, want, vocab, func(round []int) (backend.Backend, error) {
 				return llamacpp.Open(llamacpp.Config{Path: cfg.Model, Threads: cfg.Threads, MaxSeqs: 2, CtxTokens: 256, MaxBatch: 64, RoundBF16: round})

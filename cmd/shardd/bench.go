@@ -349,7 +349,9 @@ func startTargets(ctx context.Context, model string, shards int, rangesFlag, thr
 		if shards > meta.BlockCount {
 			return nil, nil, closeAll, fmt.Errorf("--shards %d: the model has %d layers", shards, meta.BlockCount)
 		}
-		rs = gguf.EvenRanges(meta.BlockCount, shards)
+		if rs, err = meta.EvenRanges(shards); err != nil {
+			return nil, nil, closeAll, err
+		}
 	default:
 		return nil, nil, closeAll, fmt.Errorf("with --model, give --shards N or --ranges")
 	}

@@ -2,25 +2,31 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/meshnet/shardd/backend/llamacpp"
 	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/verify"
 )
 
 func init() {
-	register(command{name: "gen-model", summary: "write a llama GGUF with deterministic random weights", run: runGenModel})
+	register(command{name: "gen-model", summary: "write a GGUF of a supported architecture with deterministic random weights", run: runGenModel})
 	register(command{name: "split", summary: "cut a whole GGUF into one GGUF per layer range", run: runSplit})
 	register(command{name: "inspect", summary: "print a GGUF's architecture, dimensions, range and digest", run: runInspect})
 	register(command{name: "verify", summary: "prove that splits compute the whole model's logits", run: runVerify})
 }
 
 func runGenModel(args []string) error {
-	fs := newFlags("gen-model", "--preset tiny|bench --out FILE [flags]",
-		"Writes a real llama-architecture GGUF with deterministic random weights.\nDimension flags override the preset's.")
+	fs := newFlags("gen-model", "--preset tiny|bench [--arch NAME] --out FILE [flags]",
+		"Writes a real GGUF with deterministic random weights, with the metadata and tensor names llama.cpp\n"+
+			"expects of its architecture. Dimension flags override the preset's. k-quant weights (--weights q4_K_M,\n"+
+			"q6_K, ...) are written by llama.cpp's own quantizer from the f32 model, as llama-quantize would.")
 	preset := fs.String("preset", "tiny", "tiny (a few MB, f32) or bench (125M parameters, bf16)")
+	arch := fs.String("arch", "llama", "architecture: "+strings.Join(slices.Sorted(maps.Keys(gguf.SupportedArchs)), ", ")+" (gemma3 gets 18 layers and a sliding window, qwen3moe 8 experts)")
 	out := fs.String("out", "", "output file")
 	seed := fs.Uint64("seed", 0, "weight seed (0: the preset's)")
 	layers := fs.Int("layers", 0, "transformer layers")
@@ -30,7 +36,7 @@ func runGenModel(args []string) error {
 	ffn := fs.Int("ffn", 0, "feed-forward size")
 	vocab := fs.Int("vocab", 0, "vocabulary size")
 	ctx := fs.Int("context", 0, "context length")
-	weights := fs.String("weights", "", "weight type: f32, f16, bf16 or q8_0")
+	weights := fs.String("weights", "", "weight type: f32, f16, bf16 or q8_0, or a llama.cpp quantization: "+strings.Join(llamacpp.QuantTypes(), ", "))
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -49,18 +55,36 @@ func runGenModel(args []string) error {
 			*o.dst = o.v
 		}
 	}
-	if *weights != "" {
+	s = s.ForArch(*arch)
+	quant := ""
+	switch *weights {
+	case "":
+	case "f32", "f16", "bf16", "q8_0":
 		s.Weights = *weights
+	default:
+		quant, s.Weights = *weights, "f32"
 	}
 	if *seed != 0 {
 		s.Seed = *seed
 	}
 	start := time.Now()
-	if err := gguf.Generate(*out, s); err != nil {
-		return err
+	if quant == "" {
+		if err := gguf.Generate(*out, s); err != nil {
+			return err
+		}
+	} else {
+		tmp := *out + ".f32.tmp"
+		defer os.Remove(tmp)
+		if err := gguf.Generate(tmp, s); err != nil {
+			return err
+		}
+		if err := llamacpp.Quantize(tmp, *out, quant); err != nil {
+			return err
+		}
+		s.Weights = quant
 	}
 	st, _ := os.Stat(*out)
-	fmt.Printf("%s: %d layers, hidden %d, %.1fM parameters, %s, %.1f MB in %s\n", *out, s.Layers, s.Hidden,
+	fmt.Printf("%s: %s, %d layers, hidden %d, %.1fM parameters, %s, %.1f MB in %s\n", *out, s.Arch, s.Layers, s.Hidden,
 		float64(s.Parameters())/1e6, s.Weights, float64(st.Size())/1e6, time.Since(start).Round(time.Millisecond))
 	return nil
 }
@@ -99,13 +123,17 @@ func runSplit(args []string) error {
 		}
 		switch *by {
 		case "layers":
-			ranges = gguf.EvenRanges(meta.BlockCount, *shards)
+			if ranges, err = meta.EvenRanges(*shards); err != nil {
+				return err
+			}
 		case "cost":
 			c, err := gguf.ReadCost(*model)
 			if err != nil {
 				return err
 			}
-			ranges = gguf.BalancedRanges(c, *shards)
+			if ranges = gguf.BalancedRanges(c, *shards); ranges == nil {
+				return fmt.Errorf("cannot cut %d layers into %d shards that start on multiples of %d", meta.BlockCount, *shards, c.Align)
+			}
 		default:
 			return fmt.Errorf("--by %q: want layers or cost", *by)
 		}
@@ -164,6 +192,10 @@ func runInspect(args []string) error {
 	fmt.Printf("layers:        %d:%d of %d (%d in this file), role %s\n", m.Start, m.End, m.Total, m.BlockCount, role)
 	fmt.Printf("dimensions:    hidden %d, ffn %d, heads %d, kv heads %d, vocab %d, context %d\n",
 		m.EmbeddingLen, m.FFNLen, m.HeadCount, m.HeadCountKV, m.VocabSize, m.ContextLen)
+	fmt.Printf("weights:       %s\n", m.FileType)
+	if m.Align > 1 {
+		fmt.Printf("cuts:          a shard starts on a multiple of %d layers (the %s local/global layer pattern)\n", m.Align, m.Arch)
+	}
 	fmt.Printf("tensors:       %d\n", m.Tensors)
 	fmt.Printf("model digest:  sha256:%s\n", m.SourceDigest)
 	c, err := gguf.ReadCost(fs.Arg(0))
@@ -193,6 +225,9 @@ func printCost(m gguf.Meta, c gguf.Cost) {
 		return
 	}
 	share := func(rs []gguf.Range) string {
+		if len(rs) == 0 {
+			return "none (the layer pattern allows no such cut)"
+		}
 		var parts []string
 		for _, r := range rs {
 			parts = append(parts, fmt.Sprintf("%s %.0f%%", r, 100*float64(c.Of(r))/float64(c.Total())))
@@ -200,7 +235,8 @@ func printCost(m gguf.Meta, c gguf.Cost) {
 		return strings.Join(parts, ", ")
 	}
 	for k := 2; k <= min(4, len(c.Layers)); k++ {
-		fmt.Printf("%d shards:      by layers %s; by cost %s\n", k, share(gguf.EvenRanges(len(c.Layers), k)), share(gguf.BalancedRanges(c, k)))
+		even, _ := gguf.Meta{BlockCount: len(c.Layers), Align: c.Align}.EvenRanges(k)
+		fmt.Printf("%d shards:      by layers %s; by cost %s\n", k, share(even), share(gguf.BalancedRanges(c, k)))
 	}
 }
 
