@@ -20,4 +20,7 @@ const (
 	KeyStartLayer   = "shardd.start_layer"
 	KeyEndLayer     = "shardd.end_layer"
 	KeyTotalLayers  = "shardd.total_layers"
+	// KeySourceWeights: the whole model's weight types (Meta.FileType), so
+	// every shard of it names the same ones, whichever tensors it holds.
+	KeySourceWeights = "shardd.source_weights"
 )

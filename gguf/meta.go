@@ -93,8 +93,10 @@ type Meta struct {
 	HeadCountKV  int
 	VocabSize    int
 	ContextLen   int
-	FileType     string
-	Tensors      int
+	// FileType names the weight types: the whole model's (a shard says
+	// which in its metadata), part of the runtime recipe.
+	FileType string
+	Tensors  int
 	// Align is the layer multiple every shard must start on (1 for most
 	// architectures; 6 for gemma3 with a sliding window, whose layers'
 	// local/global pattern follows their index in the file).
@@ -166,6 +168,11 @@ func Read(path string) (Meta, error) {
 		m.Start = int(kv.Uint(KeyStartLayer))
 		m.End = int(kv.Uint(KeyEndLayer))
 		m.Total = int(kv.Uint(KeyTotalLayers))
+		if w := kv.String(KeySourceWeights); w != "" {
+			// The model's, not this file's: a middle shard's placeholder
+			// embedding is f32 whatever the weights are.
+			m.FileType = w
+		}
 		if m.End <= m.Start || m.End > m.Total || m.End-m.Start != m.BlockCount || len(digest) != 64 {
 			return m, fmt.Errorf("%w: range %d:%d of %d with %d blocks", ErrBadMetadata, m.Start, m.End, m.Total, m.BlockCount)
 		}

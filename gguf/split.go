@@ -174,6 +174,7 @@ func planShard(g *ggml.GGML, meta Meta, r Range, f *os.File) (ggml.KV, []*ggml.T
 	kv[KeyStartLayer] = uint32(r.Start)
 	kv[KeyEndLayer] = uint32(r.End)
 	kv[KeyTotalLayers] = uint32(meta.BlockCount)
+	kv[KeySourceWeights] = meta.FileType
 	if middle {
 		kv["tokenizer.ggml.model"] = "none"
 		kv[arch+".vocab_size"] = uint32(1)
