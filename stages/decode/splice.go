@@ -1,6 +1,8 @@
 package decode
 
 import (
+	"runtime"
+	"sync/atomic"
 	"unsafe"
 
 	"google.golang.org/grpc/mem"
@@ -32,10 +34,39 @@ type Spliced struct {
 
 // bodyRef is the mem.BufferPool of one spliced payload: gRPC "returns" the
 // payload when it has written it, which drops the reference on Body.
-type bodyRef struct{ b *bufpool.Buffer }
+//
+// gRPC may never return it: grpc-go v1.85's writer, when it exits on a
+// connection error, drops the data frames still queued on its streams
+// without freeing them (controlbuf.go: run's deferred finish frees only
+// what is still in the control buffer). The reference would then count as
+// outstanding for ever and the body never go back to the pool, which the
+// soak saw as 1-2 leaked result buffers after connection resets. So each
+// spliced payload also has a cleanup on the slice header gRPC holds: once
+// gRPC's buffer is unreachable (nothing can read the payload any more), a
+// reference gRPC never returned is dropped then.
+type bodyRef struct {
+	b    *bufpool.Buffer
+	done atomic.Bool // the reference was dropped (by Put or by the cleanup)
+}
 
-func (r bodyRef) Get(n int) *[]byte { b := make([]byte, n); return &b }
-func (r bodyRef) Put(*[]byte)       { r.b.Release() }
+func (r *bodyRef) Get(n int) *[]byte { b := make([]byte, n); return &b }
+func (r *bodyRef) Put(*[]byte)       { r.drop() }
+
+func (r *bodyRef) drop() {
+	if r.done.CompareAndSwap(false, true) {
+		r.b.Release()
+	}
+}
+
+// splicedBuffer hands gRPC payload p of body, holding a reference on body
+// until gRPC returns it or drops it unreturned (see bodyRef).
+func splicedBuffer(p []byte, body *bufpool.Buffer) mem.Buffer {
+	body.Ref()
+	held := p
+	ref := &bodyRef{b: body}
+	runtime.AddCleanup(&held, (*bodyRef).drop, ref)
+	return mem.NewBuffer(&held, ref)
+}
 
 // splicedSizes are the encoded sizes of a chunk's nested messages.
 type splicedSizes struct {
@@ -94,9 +125,7 @@ func (c Codec) marshalSpliced(sp *Spliced) (mem.BufferSlice, error) {
 				}
 				out = append(out, mem.SliceBuffer(seg[start:len(seg):len(seg)]))
 				start = len(seg)
-				sp.Body.Ref()
-				held := p
-				out = append(out, mem.NewBuffer(&held, bodyRef{sp.Body}))
+				out = append(out, splicedBuffer(p, sp.Body))
 			}
 		}
 	}

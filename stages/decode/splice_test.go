@@ -2,7 +2,9 @@ package decode
 
 import (
 	"bytes"
+	"runtime"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/mem"
 
@@ -95,4 +97,35 @@ func TestSplicedWireIsMarshalVT(t *testing.T) {
 		t.Fatal(err)
 	}
 	ack.Free()
+}
+
+// A spliced payload gRPC drops without freeing (its writer exits on a
+// connection error with frames still queued) gives its body reference
+// back once gRPC's buffer is unreachable, so the body returns to the pool.
+func TestSplicedReferenceDroppedUnfreed(t *testing.T) {
+	pool := bufpooltest.New(t)
+	body := pool.Alloc(64 << 10)
+	msg := &shardv1.SessionResponse{Kind: &shardv1.SessionResponse_Chunk{Chunk: &shardv1.ActivationChunk{
+		Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: []*shardv1.NamedTensor{{Name: "logits",
+			Fragments: []*shardv1.TensorFragment{{FragmentCount: 1, Payload: body.Bytes()}}}}}}}}
+	data, err := Codec{Pool: pool}.Marshal(&Spliced{Msg: msg, Body: body})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) < 2 {
+		t.Fatalf("nothing was spliced: %d segments", len(data))
+	}
+	body.Release() // the sender's reference; gRPC's is now the only one
+	if pool.Outstanding() != 1 {
+		t.Fatalf("%d outstanding before the drop", pool.Outstanding())
+	}
+	data = nil // dropped, never freed
+	deadline := time.Now().Add(10 * time.Second)
+	for pool.Outstanding() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the body never went back to the pool")
+		}
+		runtime.GC()
+		runtime.Gosched()
+	}
 }
