@@ -138,12 +138,11 @@ type Relay struct {
 	MaxIdle int
 	Log     *slog.Logger
 
-	mu      sync.Mutex // guards the fields below
-	idle    map[string]chan *waiter
-	pairs   map[*pair]struct{}
-	lns     map[net.Listener]struct{}
-	waiting map[*waiter]struct{}
-	closed  bool
+	mu     sync.Mutex // guards the fields below
+	idle   map[string]*nameQueue
+	pairs  map[*pair]struct{}
+	lns    map[net.Listener]struct{}
+	closed bool
 
 	stall gate
 	wg    sync.WaitGroup
@@ -174,7 +173,7 @@ func (r *Relay) Stats() Stats {
 
 func (r *Relay) init() {
 	r.once.Do(func() {
-		r.idle, r.pairs, r.lns, r.waiting = map[string]chan *waiter{}, map[*pair]struct{}{}, map[net.Listener]struct{}{}, map[*waiter]struct{}{}
+		r.idle, r.pairs, r.lns = map[string]*nameQueue{}, map[*pair]struct{}{}, map[net.Listener]struct{}{}
 		r.done = make(chan struct{})
 		if r.WaitTimeout == 0 {
 			r.WaitTimeout = 10 * time.Second
@@ -233,8 +232,10 @@ func (r *Relay) Close() {
 	for p := range r.pairs {
 		p.close(false)
 	}
-	for w := range r.waiting {
-		w.c.Close()
+	for _, q := range r.idle {
+		for _, w := range q.waiters {
+			w.c.Close()
+		}
 	}
 	r.mu.Unlock()
 	r.wg.Wait()
@@ -319,100 +320,137 @@ func (r *Relay) refuse(c net.Conn, why string) {
 
 // waiter is a worker's idle registration.
 type waiter struct {
-	c net.Conn
-	// dead is set by the watch goroutine when the worker's side closed
-	// (or sent bytes before being paired); watched is closed when it
-	// returns.
-	dead    atomic.Bool
+	c    net.Conn
+	name string
+	// watched is closed when the watch goroutine returns: the worker's
+	// side closed (or sent bytes before being paired), or pairing
+	// interrupted the watch.
 	watched chan struct{}
 }
 
-func (r *Relay) queue(name string) (chan *waiter, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil, false
-	}
+// nameQueue holds one name's idle registrations, oldest first.
+type nameQueue struct {
+	waiters []*waiter
+	// arrived is closed (and replaced) when a registration arrives.
+	arrived chan struct{}
+}
+
+// queueLocked returns name's queue, made on first use; nil when the relay
+// holds too many names. r.mu must be held.
+func (r *Relay) queueLocked(name string) *nameQueue {
 	q, ok := r.idle[name]
 	if !ok {
 		if len(r.idle) >= 4096 {
-			return nil, false
+			return nil
 		}
-		q = make(chan *waiter, r.MaxIdle)
+		q = &nameQueue{arrived: make(chan struct{})}
 		r.idle[name] = q
 	}
-	return q, true
+	return q
+}
+
+// unqueueLocked removes w from its name's queue. It reports whether w was
+// there. r.mu must be held.
+func (r *Relay) unqueueLocked(w *waiter) bool {
+	q := r.idle[w.name]
+	if q == nil {
+		return false
+	}
+	for i, x := range q.waiters {
+		if x == w {
+			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
+			return true
+		}
+	}
+	return false
 }
 
 // register parks a worker's connection until a head dials its name.
 func (r *Relay) register(c net.Conn, name string) {
-	q, ok := r.queue(name)
-	if !ok {
+	w := &waiter{c: c, name: name, watched: make(chan struct{})}
+	r.mu.Lock()
+	q := r.queueLocked(name)
+	switch {
+	case r.closed:
+		r.mu.Unlock()
+		c.Close()
+		return
+	case q == nil:
+		r.mu.Unlock()
 		r.refuse(c, "relay full")
 		return
-	}
-	w := &waiter{c: c, watched: make(chan struct{})}
-	r.mu.Lock()
-	r.waiting[w] = struct{}{}
-	r.mu.Unlock()
-	select {
-	case q <- w:
-	default:
-		r.mu.Lock()
-		delete(r.waiting, w)
+	case len(q.waiters) >= r.MaxIdle:
 		r.mu.Unlock()
 		r.refuse(c, "too many idle registrations")
 		return
 	}
-	// Watch the idle connection, so that a worker that went away is not
-	// paired: a read returns only when it closes (or misbehaves), or when
-	// pairing interrupts it with a past deadline.
+	q.waiters = append(q.waiters, w)
+	close(q.arrived)
+	q.arrived = make(chan struct{})
+	r.mu.Unlock()
+	// Watch the idle connection, so that a worker that went away leaves
+	// the queue at once: a read returns only when it closes (or
+	// misbehaves), or when pairing interrupts it with a past deadline.
+	r.wg.Add(1)
 	go func() {
+		defer r.wg.Done()
 		defer close(w.watched)
 		var b [1]byte
-		if _, err := c.Read(b[:]); err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				return
-			}
+		_, err := c.Read(b[:])
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return // pairing took it
 		}
-		w.dead.Store(true)
 		r.mu.Lock()
-		delete(r.waiting, w)
+		r.unqueueLocked(w)
 		r.mu.Unlock()
 		c.Close()
 	}()
 }
 
+// take removes and returns name's oldest idle registration, or the
+// channel that is closed when the next one arrives.
+func (r *Relay) take(name string) (*waiter, <-chan struct{}, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := r.queueLocked(name)
+	if q == nil || r.closed {
+		return nil, nil, false
+	}
+	if len(q.waiters) > 0 {
+		w := q.waiters[0]
+		q.waiters = q.waiters[1:]
+		return w, nil, true
+	}
+	return nil, q.arrived, true
+}
+
 // pairDial pairs a head's connection with an idle registration of name.
 func (r *Relay) pairDial(c net.Conn, name string) {
-	q, ok := r.queue(name)
-	if !ok {
-		r.refuse(c, "relay full")
-		return
-	}
 	timeout := time.NewTimer(r.WaitTimeout)
 	defer timeout.Stop()
 	for {
-		var w *waiter
-		select {
-		case w = <-q:
-		case <-timeout.C:
-			r.refuse(c, "no worker registered as "+name)
-			return
-		case <-r.done:
-			c.Close()
+		w, arrived, ok := r.take(name)
+		if !ok {
+			r.refuse(c, "relay full")
 			return
 		}
-		// Stop the watch; a registration that died meanwhile is skipped.
+		if w == nil {
+			select {
+			case <-arrived:
+				continue
+			case <-timeout.C:
+				r.refuse(c, "no worker registered as "+name)
+				return
+			case <-r.done:
+				c.Close()
+				return
+			}
+		}
+		// Stop the watch. A registration whose worker left in the
+		// meantime was closed by its watch: try the next.
 		w.c.SetReadDeadline(time.Now())
 		<-w.watched
-		r.mu.Lock()
-		delete(r.waiting, w)
-		r.mu.Unlock()
-		if w.dead.Load() {
-			continue
-		}
 		w.c.SetReadDeadline(time.Time{})
 		if _, err := io.WriteString(w.c, "PAIRED\n"); err != nil {
 			w.c.Close()

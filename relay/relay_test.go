@@ -187,3 +187,40 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// A registration whose worker went away leaves its name's queue at once:
+// it does not hold one of the MaxIdle places until a head comes by.
+func TestDeadRegistrationFreesItsPlace(t *testing.T) {
+	r := &Relay{MaxIdle: 1, WaitTimeout: 2 * time.Second}
+	addr := start(t, r)
+	serve := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte(version + " SERVE w\n"))
+		return c
+	}
+	dead := serve()
+	waitFor(t, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.idle["w"] != nil && len(r.idle["w"].waiters) == 1
+	})
+	dead.Close()
+	waitFor(t, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.idle["w"].waiters) == 0 })
+	live := serve()
+	defer live.Close()
+	head, err := Dial(context.Background(), addr, "w")
+	if err != nil {
+		t.Fatalf("a live registration after a dead one: %v", err)
+	}
+	defer head.Close()
+	var b [7]byte
+	if _, err := io.ReadFull(live, b[:]); err != nil || string(b[:]) != "PAIRED\n" {
+		t.Fatalf("the live registration read %q %v", b, err)
+	}
+	if s := r.Stats(); s.Refused != 0 || s.Paired != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+}
