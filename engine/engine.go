@@ -170,7 +170,7 @@ func (e *Engine) Close() {
 func (e *Engine) do(ctx context.Context, op func()) error {
 	done := make(chan struct{})
 	select {
-	case e.control <- func() { op(); close(done) }:
+	case e.control <- func() { op(); e.sched.apply(); close(done) }:
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-e.stopped:

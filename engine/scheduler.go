@@ -61,6 +61,23 @@ type scheduler struct {
 	// sessions is ready; wake is when the current hold ends (zero: none).
 	gather gatherer
 	wake   time.Time
+
+	// clock is the scheduler's time (time.Now; a script's clock in tests).
+	clock func() time.Time
+	// fx are the effects of the last state change, which the driver
+	// carries out (apply): what the scheduler decides never waits on I/O.
+	fx effects
+	// fwd is the forward the last plan asked for.
+	fwd forwardPlan
+}
+
+// forwardPlan is a planned forward: its rows are s.planned.
+type forwardPlan struct {
+	rows    int
+	decodes int           // sessions whose decode step the iteration took in
+	limit   time.Duration // the iteration's time budget (0: none)
+	// preemptible: a prefill-only iteration a decode step may stop.
+	preemptible bool
 }
 
 type sessQueue struct {
@@ -76,6 +93,9 @@ type planned struct {
 
 func (s *scheduler) init(e *Engine) error {
 	s.e = e
+	if s.clock == nil {
+		s.clock = time.Now
+	}
 	s.scratch = e.info.MaxSeqs - 1
 	s.store = kvcache.New(kvcache.Config{
 		MaxSessions: e.cfg.MaxSessions,
@@ -83,7 +103,7 @@ func (s *scheduler) init(e *Engine) error {
 		TTL:         e.cfg.SessionTTL,
 		EvictGrace:  max(e.cfg.EvictGrace, 0),
 		OnDrop:      s.dropResults,
-	}, func(seq int) { e.be.SeqTrim(seq, 0) }, time.Now)
+	}, func(seq int) { s.fx.trim(seq, 0) }, s.now)
 	s.results = newResultsCache(e.cfg.ResultsCacheBytes)
 	s.queues = map[string]*sessQueue{}
 	b, err := e.be.NewBatch()
@@ -138,15 +158,33 @@ func (s *scheduler) run() {
 			}
 		}
 		if s.pending > 0 && s.batch != nil {
-			s.iterate()
+			s.step()
 		}
 	}
+}
+
+// now is the scheduler's clock.
+func (s *scheduler) now() time.Time { return s.clock() }
+
+// step plans one iteration and, when it has rows, runs the forward and
+// advances the state by its outcome; the effects of each are carried out
+// in between.
+func (s *scheduler) step() {
+	run := s.plan(s.now())
+	s.apply()
+	if !run {
+		return
+	}
+	took, err := s.forward()
+	s.advance(took, err)
+	s.apply()
 }
 
 // sweep evicts expired sessions and publishes the store's figures.
 func (s *scheduler) sweep() {
 	s.store.Sweep()
 	s.publish(0)
+	s.apply()
 }
 
 // runOp runs a control operation (cancel, release, a query) after taking in
@@ -162,6 +200,7 @@ func (s *scheduler) runOp(op func()) {
 		break
 	}
 	op()
+	s.apply()
 }
 
 // decodeAnchorEvery: one decode iteration in this many runs without
@@ -198,7 +237,7 @@ func (s *scheduler) enqueue(w *work) {
 	q.items = append(q.items, w)
 	s.pending++
 	if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE {
-		s.gather.arrived(w.st.id, time.Now())
+		s.gather.arrived(w.st.id, s.now())
 	}
 	if sess, ok := s.store.Peek(w.st.id); ok {
 		s.pin(w, sess) // queued work keeps its session from eviction
@@ -240,9 +279,11 @@ func (s *scheduler) pop(q *sessQueue) {
 	}
 }
 
-// iterate runs one forward pass: decode steps first, then prefill tokens
-// shared equally up to the iteration's budget.
-func (s *scheduler) iterate() {
+// plan decides the next iteration at now: decode steps first, then
+// prefill tokens shared equally up to the iteration's budget. It reports
+// whether there is a forward to run (its rows are s.planned, its shape
+// s.fwd); refusals, trims and waits it decides are in s.fx and s.wake.
+func (s *scheduler) plan(now time.Time) bool {
 	e := s.e
 	// Admit each session's head; refused heads are answered and dropped.
 	var decodes, prefills []*sessQueue
@@ -266,12 +307,11 @@ func (s *scheduler) iterate() {
 			break
 		}
 	}
-	now := time.Now()
 	if len(decodes) > 0 {
 		decoding := s.gather.decoding(now, e.cfg.DecodeQuiet)
 		if wait := s.gather.hold(now, len(decodes), decoding, e.cfg.DecodeGroups, e.cfg.GatherWindow, s.cost.predict); wait > 0 {
 			s.wake = now.Add(wait)
-			return
+			return false
 		}
 	}
 	budget := e.cfg.PrefillIterationTokens
@@ -303,7 +343,7 @@ func (s *scheduler) iterate() {
 					}
 					s.wake = due.Add(dueSlack)
 					s.dueWaits++
-					return
+					return false
 				}
 				budget = min(budget, n)
 			}
@@ -335,7 +375,6 @@ func (s *scheduler) iterate() {
 		}
 	}
 
-	s.batch.Reset()
 	s.planned = s.planned[:0]
 	rows := 0
 	for _, q := range decodes {
@@ -344,11 +383,10 @@ func (s *scheduler) iterate() {
 		if rows+n > e.info.MaxBatch || (rows > 0 && rows+n > max(budget, len(decodes))) {
 			continue
 		}
-		if !s.plan(w, n) {
-			continue
-		}
+		s.planned = append(s.planned, planned{w: w, from: w.done, n: n})
 		rows += n
 	}
+
 	if len(prefills) > 0 && rows < budget {
 		left := budget - rows
 		start := s.rr % len(prefills)
@@ -357,58 +395,80 @@ func (s *scheduler) iterate() {
 			w := prefills[(start+i)%len(prefills)].items[0]
 			share := int(math.Ceil(float64(left) / float64(len(prefills)-i)))
 			n := min(w.tokens-w.done, share, left)
-			if n <= 0 || !s.plan(w, n) {
+			if n <= 0 {
 				continue
 			}
+			s.planned = append(s.planned, planned{w: w, from: w.done, n: n})
 			left -= n
 			rows += n
 		}
 	}
 	if rows == 0 {
-		return
+		return false
 	}
 	for _, p := range s.planned {
 		if p.w.started.IsZero() {
-			p.w.started = time.Now()
-			p.w.tm.started = p.w.started
+			p.w.started = now
+			p.w.tm.started = now
+		}
+	}
+	// A decode step that arrives during a prefill-only iteration stops it
+	// instead of waiting for it. Not twice in a row: the prefill-only
+	// iteration after a preempted one runs to its end, or decode steps
+	// arriving every few milliseconds would preempt every prefill
+	// iteration, and prompts would never finish while the CPU stays busy
+	// (measured: half of all forwards preempted, TTFT 3.5 s, PERF.md
+	// "Batches that form").
+	s.fwd = forwardPlan{rows: rows, decodes: len(decodes), limit: limit, preemptible: len(decodes) == 0 && !s.preempted}
+	return true
+}
+
+// forward fills the batch with the planned rows and runs it: the
+// driver's part, the only one that waits on the backend.
+func (s *scheduler) forward() (time.Duration, error) {
+	e := s.e
+	s.batch.Reset()
+	for _, p := range s.planned {
+		if err := s.fill(p); err != nil {
+			return 0, err
 		}
 	}
 	var err error
-	fwdStart := time.Now()
-	if pb, ok := e.be.(backend.Preemptible); ok && len(decodes) == 0 && !s.preempted {
-		// A decode step that arrives now stops this prefill-only
-		// iteration instead of waiting for it. Not twice in a row: the
-		// prefill-only iteration after a preempted one runs to its end,
-		// or decode steps arriving every few milliseconds would preempt
-		// every prefill iteration, and prompts would never finish while
-		// the CPU stays busy (measured: half of all forwards preempted,
-		// TTFT 3.5 s, PERF.md "Batches that form").
+	start := time.Now()
+	if pb, ok := e.be.(backend.Preemptible); ok && s.fwd.preemptible {
 		err = pb.ForwardPreemptible(s.batch, &s.out)
 	} else {
 		err = e.be.Forward(s.batch, &s.out)
 	}
-	took := time.Since(fwdStart)
+	took := time.Since(start)
 	e.statBusy.Add(int64(took))
+	return took, err
+}
+
+// advance takes in the outcome of the planned forward: the cost model,
+// then the rows' outputs (or a rewind after a preemption, or the failure).
+func (s *scheduler) advance(took time.Duration, err error) {
+	e, run := s.e, s.fwd
 	if err == nil {
-		if rows <= costMaxRows {
-			s.cost.add(rows, took)
+		if run.rows <= costMaxRows {
+			s.cost.add(run.rows, took)
 		}
-		if len(decodes) > 0 {
+		if run.decodes > 0 {
 			s.sinceDecodeOnly++
-			if rows == s.lastDecodeRows {
+			if run.rows == s.lastDecodeRows {
 				s.sinceDecodeOnly = 0
 				s.decodeOnly.t.add(took)
-				s.decodeOnly.rows.add(time.Duration(rows))
+				s.decodeOnly.rows.add(time.Duration(run.rows))
 			}
 		}
-		if limit > 0 {
+		if run.limit > 0 {
 			s.budgetRuns++
-			if took <= limit {
+			if took <= run.limit {
 				s.budgetHits++
 			}
 		}
 	}
-	s.publish(rows)
+	s.publish(run.rows)
 	switch {
 	case errors.Is(err, backend.ErrPreempted):
 		s.rewindPlanned()
@@ -419,7 +479,7 @@ func (s *scheduler) iterate() {
 		s.failPlanned(err)
 		return
 	}
-	if len(decodes) == 0 {
+	if run.decodes == 0 {
 		s.preempted = false // a prefill-only iteration ran to its end
 	}
 	s.distribute()
@@ -429,15 +489,16 @@ func (s *scheduler) iterate() {
 // to where it stood before it (its rows are run again later).
 func (s *scheduler) rewindPlanned() {
 	for _, p := range s.planned {
-		s.e.be.SeqTrim(p.w.seq, p.w.first+p.w.done)
+		s.fx.trim(p.w.seq, p.w.first+p.w.done)
 	}
 }
 
-// plan adds rows [w.done, w.done+n) of w to the batch.
-func (s *scheduler) plan(w *work, n int) bool {
+// fill adds planned rows [p.from, p.from+p.n) of p.w to the batch.
+func (s *scheduler) fill(p planned) error {
 	info := s.e.info
 	h := info.Hidden
-	for r := w.done; r < w.done+n; r++ {
+	w := p.w
+	for r := p.from; r < p.from+p.n; r++ {
 		pos := w.first + r
 		out := info.LogitsOut && w.rowWantsOutput(r)
 		var err error
@@ -450,18 +511,10 @@ func (s *scheduler) plan(w *work, n int) bool {
 			err = s.batch.AddHiddenBF16(w.seq, pos, w.hiddenB[2*r*h:2*(r+1)*h], out)
 		}
 		if err != nil {
-			// Only a full batch can fail here (inputs were validated); the
-			// rows already added for w stay and are accounted below.
-			added := r - w.done
-			if added > 0 {
-				s.planned = append(s.planned, planned{w: w, from: w.done, n: added})
-				return true
-			}
-			return false
+			return err // inputs were validated and plan keeps to MaxBatch: a bug
 		}
 	}
-	s.planned = append(s.planned, planned{w: w, from: w.done, n: n})
-	return true
+	return nil
 }
 
 // distribute copies each planned item's outputs and completes finished items.
@@ -517,7 +570,7 @@ func (s *scheduler) outBytes(w *work) int {
 // complete records a finished item and sends its result.
 func (s *scheduler) complete(w *work) {
 	e := s.e
-	now := time.Now()
+	now := s.now()
 	w.releaseInput()
 	r := &result{
 		workID: w.workID, session: w.st.id, step: w.step, epoch: w.epoch,
@@ -536,7 +589,7 @@ func (s *scheduler) complete(w *work) {
 		r.name, r.dtype, r.shape = nameHidden, e.cfg.Boundary, [2]int64{int64(w.tokens), int64(e.info.Hidden)}
 	}
 	if w.mode == shardv1.CacheMode_CACHE_MODE_STATELESS {
-		e.be.SeqTrim(s.scratch, 0)
+		s.fx.trim(s.scratch, 0)
 		s.owner = nil
 	} else {
 		sess := w.sess
@@ -551,7 +604,7 @@ func (s *scheduler) complete(w *work) {
 		s.results.Put(resultKey{w.st.id, w.epoch, w.step}, r.ref(), r.cost())
 		s.keepRecent(sess, kvcache.StepRef{Epoch: w.epoch, Step: w.step})
 	}
-	w.st.deliver(reply{res: r}, true)
+	s.fx.deliver(w.st, reply{res: r}, true)
 	s.finish(w)
 }
 
@@ -620,10 +673,10 @@ func (s *scheduler) failPlanned(err error) {
 // fail answers an admitted item with err, undoing its KV reservation.
 func (s *scheduler) fail(w *work, err error) {
 	if w.mode == shardv1.CacheMode_CACHE_MODE_STATELESS {
-		s.e.be.SeqTrim(s.scratch, 0)
+		s.fx.trim(s.scratch, 0)
 		s.owner = nil
 	} else if w.sess != nil {
-		s.e.be.SeqTrim(w.seq, w.first)
+		s.fx.trim(w.seq, w.first)
 		s.store.Truncate(w.sess, w.first)
 	}
 	s.refuse(w, err)
@@ -637,7 +690,7 @@ func (s *scheduler) refuse(w *work, err error) {
 		w.out.Release()
 		w.out = nil
 	}
-	w.st.deliver(reply{status: statusFor(w.st.id, w.workID, w.step, err)}, true)
+	s.fx.deliver(w.st, reply{status: statusFor(w.st.id, w.workID, w.step, err)}, true)
 }
 
 type admitResult int
@@ -661,11 +714,11 @@ func (s *scheduler) admit(w *work) admitResult {
 	}
 	if w.st.isClosed() {
 		w.releaseInput()
-		w.st.deliver(reply{}, true) // accounting only; nobody reads
+		s.fx.deliver(w.st, reply{}, true) // accounting only; nobody reads
 		s.retire(w)
 		return admitDrop
 	}
-	if w.deadline != 0 && time.Now().UnixNano() > w.deadline {
+	if w.deadline != 0 && s.now().UnixNano() > w.deadline {
 		return drop(ErrDeadline)
 	}
 	if w.mode == shardv1.CacheMode_CACHE_MODE_STATELESS {
@@ -696,7 +749,7 @@ func (s *scheduler) admit(w *work) admitResult {
 		w.releaseInput()
 		st := statusFor(id, w.workID, w.step, wireerr.Errorf(ErrCacheMiss, "expected %d tokens, holding %d", w.expected, actual))
 		st.Error.ActualPastLen = actual
-		w.st.deliver(reply{status: st}, true)
+		s.fx.deliver(w.st, reply{status: st}, true)
 		s.retire(w)
 		return admitDrop
 	}
@@ -737,10 +790,10 @@ func (s *scheduler) admit(w *work) admitResult {
 func (s *scheduler) duplicate(w *work, sess *kvcache.Session) {
 	w.releaseInput()
 	if r, ok := s.results.Get(resultKey{sess.ID, w.epoch, w.step}); ok {
-		w.st.deliver(reply{res: r.ref(), duplicate: true}, true)
+		s.fx.deliver(w.st, reply{res: r.ref(), duplicate: true}, true)
 		return
 	}
-	w.st.deliver(reply{ack: &shardv1.Ack{
+	s.fx.deliver(w.st, reply{ack: &shardv1.Ack{
 		WorkId: w.workID, IdempotencyStep: w.step, Duplicate: true,
 		CacheResult: &shardv1.CacheResult{Mode: w.mode, PastLen: uint64(sess.PastLen), CacheHit: true},
 	}}, true)
@@ -763,10 +816,10 @@ func (s *scheduler) cancel(id string, epoch uint64, workID string) int {
 		}
 		if w.admitted {
 			if w.mode == shardv1.CacheMode_CACHE_MODE_STATELESS {
-				s.e.be.SeqTrim(s.scratch, 0)
+				s.fx.trim(s.scratch, 0)
 				s.owner = nil
 			} else {
-				s.e.be.SeqTrim(w.seq, w.first)
+				s.fx.trim(w.seq, w.first)
 				s.store.Truncate(w.sess, w.first)
 			}
 		}
@@ -830,6 +883,7 @@ func (s *scheduler) shutdown() {
 		q := s.ring[0]
 		s.cancel(q.id, 0, "")
 	}
+	s.apply()
 	for s.results.EvictOldest() {
 	}
 	if s.batch != nil {
