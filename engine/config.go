@@ -6,6 +6,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/meshnet/shardd/backend"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 )
 
@@ -123,6 +124,23 @@ func (c Config) Defaults() Config {
 	}
 	if c.Version == "" {
 		c.Version = "dev"
+	}
+	return c
+}
+
+// forBackend settles what depends on the backend serving the config.
+func (c Config) forBackend(info backend.Info) Config {
+	if c.MaxSessions > info.MaxSeqs-1 {
+		c.MaxSessions = info.MaxSeqs - 1 // one sequence is kept for stateless work
+	}
+	if c.Deterministic {
+		c.DecodeGroups = -1 // one session per forward: nothing to gather
+	}
+	if c.DecodeGroups == 0 {
+		c.DecodeGroups = 2
+		if info.TokensIn && info.LogitsOut {
+			c.DecodeGroups = 1 // the whole model: no other stage to overlap with
+		}
 	}
 	return c
 }

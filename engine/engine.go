@@ -73,22 +73,10 @@ type Engine struct {
 // NOT_SERVING with a sanitized reason; it still answers GetCapability and
 // Health.
 func New(cfg Config, be backend.Backend, meta gguf.Meta, log *slog.Logger) *Engine {
-	cfg = cfg.Defaults()
 	info := be.Info()
-	if cfg.MaxSessions > info.MaxSeqs-1 {
-		cfg.MaxSessions = info.MaxSeqs - 1 // one sequence is kept for stateless work
-	}
+	cfg = cfg.Defaults().forBackend(info)
 	if log == nil {
 		log = slog.Default()
-	}
-	if cfg.Deterministic {
-		cfg.DecodeGroups = -1 // one session per forward: nothing to gather
-	}
-	if cfg.DecodeGroups == 0 {
-		cfg.DecodeGroups = 2
-		if info.TokensIn && info.LogitsOut {
-			cfg.DecodeGroups = 1 // the whole model: no other stage to overlap with
-		}
 	}
 	pool := bufpool.Default
 	e := &Engine{

@@ -1,0 +1,397 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnet/shardd/backend"
+	"github.com/meshnet/shardd/bufpool"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+)
+
+// script drives the scheduler by hand, with no goroutine, no llama.cpp and
+// no clock but its own: it submits work, asks for a plan at a time it
+// chooses, runs the planned forward on the fake backend, tells the
+// scheduler how long the forward took, and reads the replies the
+// scheduler decided. Each scenario below is a few lines of it.
+type script struct {
+	t       *testing.T
+	e       *Engine
+	s       *scheduler
+	fb      *fakeBackend
+	now     time.Time
+	streams map[string]*stream
+	next    map[string]*progress
+}
+
+// progress is what the script has sent for one session.
+type progress struct {
+	step uint64
+	pos  int
+}
+
+// newScript makes a first-shard scheduler (token ids in, hidden states out)
+// over the fake backend, with edit applied to the fake's limits.
+func newScript(t *testing.T, cfg Config, edit func(*backend.Info)) *script {
+	fb := newFake(true, false)
+	if edit != nil {
+		edit(&fb.info)
+	}
+	if cfg.EvictGrace == 0 {
+		cfg.EvictGrace = -1
+	}
+	e := &Engine{cfg: cfg.Defaults().forBackend(fb.info), be: fb, info: fb.info, pool: bufpool.Default, log: quietLog()}
+	e.initObserver(nil, nil)
+	sc := &script{t: t, e: e, s: &e.sched, fb: fb, now: time.Unix(1_000_000, 0), streams: map[string]*stream{}, next: map[string]*progress{}}
+	sc.s.clock = func() time.Time { return sc.now }
+	if err := sc.s.init(e); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sc.s.shutdown()
+		for _, st := range sc.streams {
+			st.close()
+		}
+	})
+	return sc
+}
+
+// stream returns session id's stream, made on first use.
+func (sc *script) stream(id string) *stream {
+	if st, ok := sc.streams[id]; ok {
+		return st
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st := &stream{e: sc.e, id: id, epoch: 1, fc: limits{inflight: 64}, ctx: ctx, cancel: cancel,
+		replies: make(chan reply, 256), sendDone: make(chan struct{})}
+	close(st.sendDone) // no sender: the script reads replies itself
+	sc.streams[id] = st
+	sc.next[id] = &progress{}
+	return st
+}
+
+// submit queues a unit of work of session id: a prefill chunk of n tokens
+// (final), or a decode step when n is 0.
+func (sc *script) submit(id string, n int) {
+	st, p := sc.stream(id), sc.next[id]
+	if sc.next[id] == nil {
+		p = &progress{}
+		sc.next[id] = p
+	}
+	p.step++
+	w := &work{st: st, workID: fmt.Sprintf("%s/%d", id, p.step), step: p.step, epoch: 1, first: p.pos, final: true}
+	if n == 0 {
+		w.mode, w.phase, w.tokens, w.expected = shardv1.CacheMode_CACHE_MODE_DECODE, shardv1.Phase_PHASE_DECODE, 1, uint64(p.pos)
+	} else {
+		w.mode, w.phase, w.tokens = shardv1.CacheMode_CACHE_MODE_PREFILL, shardv1.Phase_PHASE_PREFILL, n
+	}
+	w.tokenIDs = make([]int32, w.tokens)
+	p.pos += w.tokens
+	if err := st.admitWork(); err != nil {
+		sc.t.Fatal(err)
+	}
+	sc.e.queued.Add(1)
+	sc.s.enqueue(w)
+}
+
+// plan asks for the next iteration now and describes it: "a:d1 b:p7"
+// (session, decode or prefill, rows), or "wait 3ms" (a hold until the
+// scheduler's wake time), or "idle".
+func (sc *script) plan() string {
+	sc.s.wake = time.Time{}
+	run := sc.s.plan(sc.now)
+	sc.s.apply()
+	if !run {
+		if !sc.s.wake.IsZero() {
+			return fmt.Sprintf("wait %v", sc.s.wake.Sub(sc.now))
+		}
+		return "idle"
+	}
+	var parts []string
+	for _, p := range sc.s.planned {
+		kind := "p"
+		if p.w.mode == shardv1.CacheMode_CACHE_MODE_DECODE {
+			kind = "d"
+		}
+		parts = append(parts, fmt.Sprintf("%s:%s%d", p.w.st.id, kind, p.n))
+	}
+	return strings.Join(parts, " ")
+}
+
+// Forwards in a script take costBase + costRow per row (the model the
+// scheduler fits online), unless a step says otherwise.
+const (
+	costBase = 2 * time.Millisecond
+	costRow  = 500 * time.Microsecond
+)
+
+// run runs the planned forward on the fake and advances the scheduler as
+// if it took took (0: the script's cost line); the clock moves on by it.
+func (sc *script) run(took time.Duration) {
+	if took == 0 {
+		took = costBase + time.Duration(sc.s.fwd.rows)*costRow
+	}
+	_, err := sc.s.forward()
+	sc.now = sc.now.Add(took)
+	sc.s.advance(took, err)
+	sc.s.apply()
+}
+
+// step plans and, when there is a forward, runs it taking took (0: the
+// cost line); it returns the plan.
+func (sc *script) step(took time.Duration) string {
+	p := sc.plan()
+	if !strings.HasPrefix(p, "wait") && p != "idle" {
+		sc.run(took)
+	}
+	return p
+}
+
+// replies describes and releases what session id has been answered since
+// the last call: "ack 1" (step 1 done), "dup 2", "CANCELLED 3".
+func (sc *script) replies(id string) string {
+	st := sc.streams[id]
+	var out []string
+	for {
+		select {
+		case r := <-st.replies:
+			switch {
+			case r.res != nil && r.duplicate:
+				out = append(out, fmt.Sprintf("dup %d", r.res.step))
+			case r.res != nil:
+				out = append(out, fmt.Sprintf("ack %d", r.res.step))
+			case r.status != nil:
+				out = append(out, fmt.Sprintf("%s %d", strings.TrimPrefix(r.status.Error.GetCode().String(), "ERROR_CODE_"), r.status.IdempotencyStep))
+			case r.ack != nil:
+				out = append(out, fmt.Sprintf("dup-ack %d", r.ack.IdempotencyStep))
+			}
+			r.release()
+		default:
+			return strings.Join(out, ", ")
+		}
+	}
+}
+
+// expect fails unless got is want.
+func (sc *script) expect(what, got, want string) {
+	sc.t.Helper()
+	if got != want {
+		sc.t.Fatalf("%s: got %q, want %q", what, got, want)
+	}
+}
+
+// prefilled runs a one-chunk prefill of n tokens for each session and
+// reads its acks, leaving them ready to decode.
+func (sc *script) prefilled(n int, ids ...string) {
+	sc.t.Helper()
+	for _, id := range ids {
+		sc.submit(id, n)
+	}
+	for range 64 {
+		if sc.s.pending == 0 {
+			break
+		}
+		sc.step(0)
+	}
+	for _, id := range ids {
+		sc.expect(id+" prefill", sc.replies(id), fmt.Sprintf("ack %d", sc.next[id].step))
+	}
+}
+
+// Prefill chunks share an iteration's prefill budget equally, and the
+// session that starts the share turns round, so none waits behind another.
+func TestPlanPrefillShares(t *testing.T) {
+	sc := newScript(t, Config{PrefillIterationTokens: 12, DecodeQuiet: -1}, nil)
+	sc.submit("a", 10)
+	sc.submit("b", 10)
+	sc.submit("c", 10)
+	sc.expect("1st", sc.step(time.Millisecond), "a:p4 b:p4 c:p4")
+	sc.expect("2nd", sc.step(time.Millisecond), "b:p4 c:p4 a:p4")
+	sc.expect("3rd", sc.step(time.Millisecond), "c:p2 a:p2 b:p2")
+	for _, id := range []string{"a", "b", "c"} {
+		sc.expect(id, sc.replies(id), "ack 1")
+	}
+	sc.expect("after", sc.plan(), "idle")
+}
+
+// Decode steps go first; prefill tokens fill the iteration up to
+// IterationTokens beside them (no decode budget yet: nothing measured).
+func TestPlanDecodeFirstPrefillBeside(t *testing.T) {
+	sc := newScript(t, Config{IterationTokens: 8, DecodeGroups: -1}, nil)
+	sc.prefilled(3, "a")
+	sc.submit("a", 0)
+	sc.submit("b", 20)
+	sc.expect("mixed", sc.step(time.Millisecond), "a:d1 b:p7")
+	sc.expect("a", sc.replies("a"), "ack 2")
+	// With no decode step waiting but one just run, prefill stays at the
+	// share it would have beside the decode step (DecodeQuiet).
+	sc.expect("quiet", sc.step(time.Millisecond), "b:p8")
+}
+
+// The decode budget: once the cost model has seen enough forwards, an
+// iteration with decode rows takes as many prefill tokens as the model
+// predicts fit in 1.5x the decode rows' own measured time.
+func TestPlanDecodeBudgetPacking(t *testing.T) {
+	sc := newScript(t, Config{IterationTokens: 1, DecodeGroups: -1, DecodeQuiet: -1}, nil)
+	sc.prefilled(2, "a", "b")
+	for i := range costMinRuns {
+		sc.submit("a", 0)
+		sc.submit("b", 0)
+		// No model yet, or the decode rows alone to measure them: no
+		// prefill rows beside them (IterationTokens 1).
+		sc.expect(fmt.Sprint("decode only ", i), sc.step(0), "a:d1 b:d1")
+		sc.replies("a")
+		sc.replies("b")
+	}
+	sc.submit("a", 0)
+	sc.submit("b", 0)
+	sc.submit("p", 100)
+	// Budget 1.5 x (2 ms + 2 x 0.5 ms) = 4.5 ms; 2 ms + 0.5 ms x 5 rows
+	// fits it: 2 decode rows and 3 prefill tokens.
+	sc.expect("packed", sc.step(0), "a:d1 b:d1 p:p3")
+	if sc.s.budgetRuns == 0 || sc.s.budgetHits != sc.s.budgetRuns {
+		t.Fatalf("budget kept in %d of %d iterations", sc.s.budgetHits, sc.s.budgetRuns)
+	}
+	// A forward that overran its budget is counted as such.
+	sc.submit("a", 0)
+	sc.submit("b", 0)
+	sc.step(10 * time.Millisecond)
+	if sc.s.budgetHits != sc.s.budgetRuns-1 {
+		t.Fatalf("an overrun counted as kept: %d of %d", sc.s.budgetHits, sc.s.budgetRuns)
+	}
+}
+
+// A prefill-only iteration does not start when a decode step is due
+// before even one prefill token would finish: the scheduler waits for the
+// step (past its due time by dueSlack at most), which then runs at once
+// with prefill beside it.
+func TestPlanWaitsForDueDecode(t *testing.T) {
+	sc := newScript(t, Config{IterationTokens: 4, DecodeGroups: -1}, nil)
+	sc.prefilled(2, "a")
+	// Session a decodes a step every 1 ms after the last one completes
+	// (the trip round the rest of the route and the head).
+	for i := range costMinRuns {
+		sc.submit("a", 0)
+		sc.expect(fmt.Sprint("decode ", i), sc.step(0), "a:d1")
+		sc.replies("a")
+		sc.now = sc.now.Add(time.Millisecond)
+	}
+	sc.submit("p", 50)
+	sc.expect("prefill alone", sc.plan(), fmt.Sprint("wait ", dueSlack))
+	if sc.s.dueWaits != 1 {
+		t.Fatalf("due waits %d", sc.s.dueWaits)
+	}
+	sc.submit("a", 0)
+	// Budget 1.5 x 2.5 ms: 1 decode row and 2 prefill rows fit, but an
+	// iteration takes IterationTokens (4) at least.
+	sc.expect("with the step", sc.plan(), "a:d1 p:p3")
+	// Right after it, the next step is due within the prefill's first
+	// token again: wait again, to about dueSlack past it.
+	sc.run(0)
+	sc.replies("a")
+	if got := sc.plan(); !strings.HasPrefix(got, "wait ") || sc.s.wake.Sub(sc.now) > dueSlack+2*time.Millisecond {
+		t.Fatalf("before the next step: %q", got)
+	}
+	// A session that stops decoding is not waited for: once its step is
+	// overdue by more than its gap, prefill runs alone.
+	sc.now = sc.now.Add(20 * time.Millisecond)
+	sc.expect("a stopped", sc.plan(), "p:p4")
+}
+
+// A prefill-only iteration is preemptible; a preempted one is rewound
+// (its rows trimmed from the KV, run again later), and the next
+// prefill-only iteration runs to its end, so decode steps arriving every
+// few milliseconds cannot starve prompts.
+func TestPlanPreemption(t *testing.T) {
+	sc := newScript(t, Config{PrefillIterationTokens: 8, DecodeQuiet: -1}, nil)
+	sc.submit("p", 20)
+	sc.expect("first", sc.plan(), "p:p8")
+	if !sc.s.fwd.preemptible {
+		t.Fatal("a prefill-only iteration is not preemptible")
+	}
+	sc.s.advance(time.Millisecond, backend.ErrPreempted)
+	if len(sc.s.fx.trims) != 1 || sc.s.fx.trims[0] != (trimOp{seq: sc.s.planned[0].w.seq, pos: 0}) {
+		t.Fatalf("rewind trims %v", sc.s.fx.trims)
+	}
+	sc.s.apply()
+	sc.expect("again", sc.plan(), "p:p8")
+	if sc.s.fwd.preemptible {
+		t.Fatal("the iteration after a preempted one is preemptible")
+	}
+	sc.run(time.Millisecond)
+	sc.expect("then", sc.plan(), "p:p8")
+	if !sc.s.fwd.preemptible {
+		t.Fatal("preemption did not come back after an iteration ran to its end")
+	}
+}
+
+// A full batch: decode steps beyond MaxBatch wait for the next iteration,
+// and the ones left out go first then (sessions re-queue at the end).
+func TestPlanBatchFull(t *testing.T) {
+	sc := newScript(t, Config{DecodeGroups: -1, DecodeQuiet: -1, MaxSessions: 6}, func(i *backend.Info) { i.MaxBatch, i.MaxSeqs = 4, 8 })
+	ids := []string{"a", "b", "c", "d", "e", "f"}
+	sc.prefilled(1, ids...)
+	for _, id := range ids {
+		sc.submit(id, 0)
+	}
+	sc.expect("first", sc.step(0), "a:d1 b:d1 c:d1 d:d1")
+	sc.expect("second", sc.step(0), "e:d1 f:d1")
+	for _, id := range ids {
+		sc.expect(id, sc.replies(id), "ack 2")
+	}
+}
+
+// Round robin across decode steps and prefill chunks in the deterministic
+// mode: one session's whole unit per forward, decode and prefill taking
+// turns while both wait.
+func TestPlanDeterministicTurns(t *testing.T) {
+	sc := newScript(t, Config{Deterministic: true}, nil)
+	sc.prefilled(2, "a")
+	sc.submit("a", 0)
+	sc.submit("p", 5)
+	sc.submit("q", 3)
+	got := []string{sc.step(0), sc.step(0), sc.step(0)}
+	sc.expect("turns", strings.Join(got, " | "), "p:p5 | a:d1 | q:p3")
+}
+
+// Eviction while work is queued: a session whose next step waits in the
+// queue is pinned, so a newcomer evicts the idle one instead, which then
+// declares a cache miss.
+func TestPlanEvictionSparesQueuedWork(t *testing.T) {
+	sc := newScript(t, Config{MaxSessions: 2, DecodeGroups: -1, DecodeQuiet: -1}, nil)
+	sc.prefilled(2, "a", "b")
+	// a is the least recently used, but its next step is queued: the
+	// newcomer c evicts b.
+	sc.submit("a", 0)
+	sc.submit("c", 2)
+	for sc.s.pending > 0 {
+		sc.step(time.Millisecond)
+	}
+	sc.expect("a", sc.replies("a"), "ack 2")
+	sc.expect("c", sc.replies("c"), "ack 1")
+	sc.submit("b", 0)
+	sc.step(time.Millisecond)
+	sc.expect("b", sc.replies("b"), "CACHE_MISS 2")
+}
+
+// Cancel refuses queued work with CANCELLED, and an already-applied step
+// sent again is answered as a duplicate from the results cache.
+func TestPlanCancelAndDuplicate(t *testing.T) {
+	sc := newScript(t, Config{DecodeGroups: -1}, nil)
+	sc.prefilled(2, "a")
+	sc.submit("a", 0)
+	if n := sc.s.cancel("a", 1, ""); n != 1 {
+		t.Fatalf("cancelled %d", n)
+	}
+	sc.s.apply()
+	sc.expect("cancelled", sc.replies("a"), "CANCELLED 2")
+	// Step 1 again (a retry after a lost connection).
+	p := sc.next["a"]
+	p.step, p.pos = 0, 0
+	sc.submit("a", 2)
+	sc.step(time.Millisecond)
+	sc.expect("retry", sc.replies("a"), "dup 1")
+}
