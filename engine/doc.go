@@ -22,6 +22,18 @@
 // iterations. So a long prefill never delays a decode step by more than one
 // bounded iteration, and prefilling sessions progress together.
 //
+// The scheduler is a state with a driver, as etcd's raft is built. Its
+// state (session queues, admission against the session store, the results
+// cache, the cost model, the decode budget, the gathering rule) changes
+// only in plan(now), which decides the next iteration, and advance, which
+// takes in the forward's outcome; both record what they ask of the world
+// (replies to deliver, KV cells to trim) as effects instead of doing it.
+// The driver goroutine (run, step) takes in submitted work and control
+// operations, carries out the effects (apply), and runs the one forward
+// (forward), the only call that waits. The clock is injected, so the
+// scenarios in plan_test.go are short scripts with no goroutine, no sleep
+// and no llama.cpp.
+//
 // Cache semantics are checked when work is dequeued, against the session
 // store: the epoch (older: EPOCH_STALE; newer: supersedes the old state), the
 // idempotency step (a repeat is acknowledged as a duplicate and its cached
