@@ -344,17 +344,21 @@ func TestPlanBatchFull(t *testing.T) {
 	}
 }
 
-// Round robin across decode steps and prefill chunks in the deterministic
-// mode: one session's whole unit per forward, decode and prefill taking
-// turns while both wait.
+// The deterministic mode: one session's unit of work per forward, whole
+// (a 6-token chunk although iterations take 2 prefill tokens), decode
+// steps and prefill chunks taking turns while both wait.
 func TestPlanDeterministicTurns(t *testing.T) {
-	sc := newScript(t, Config{Deterministic: true}, nil)
-	sc.prefilled(2, "a")
+	sc := newScript(t, Config{Deterministic: true, PrefillIterationTokens: 2, IterationTokens: 2}, nil)
+	sc.prefilled(2, "a", "b")
 	sc.submit("a", 0)
-	sc.submit("p", 5)
+	sc.submit("b", 0)
+	sc.submit("p", 6)
 	sc.submit("q", 3)
-	got := []string{sc.step(0), sc.step(0), sc.step(0)}
-	sc.expect("turns", strings.Join(got, " | "), "p:p5 | a:d1 | q:p3")
+	var got []string
+	for sc.s.pending > 0 {
+		got = append(got, sc.step(0))
+	}
+	sc.expect("turns", strings.Join(got, " | "), "p:p6 | a:d1 | q:p3 | b:d1")
 }
 
 // Eviction while work is queued: a session whose next step waits in the
