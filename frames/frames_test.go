@@ -3,8 +3,10 @@ package frames
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -197,6 +199,65 @@ func TestNotFrames(t *testing.T) {
 	}
 }
 
+// TestConnectionLimit: past MaxConns a new connection is closed at once;
+// the ones already open are served.
+func TestConnectionLimit(t *testing.T) {
+	pool := bufpooltest.New(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(echo{}, Config{Codec: decode.Codec{Pool: pool}, Pool: pool, MaxRecv: 1 << 16, MaxConns: 2})
+	served := make(chan struct{})
+	go func() { s.Serve(ln); close(served) }()
+	defer func() { s.Close(); <-served }()
+	var open []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		open = append(open, c)
+	}
+	waitTracked := func(n int) {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			s.mu.Lock()
+			got := len(s.conns)
+			s.mu.Unlock()
+			if got == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d connections tracked, want %d", got, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitTracked(2)
+	extra, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	extra.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := extra.Read(make([]byte, 1)); n != 0 || err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the connection past the limit was not closed: %d %v", n, err)
+	}
+	// The first two still work: a Health call on one of them.
+	c := open[0]
+	c.Write([]byte(Preface))
+	req, _ := (&shardv1.HealthRequest{SchemaVersion: 1}).MarshalVT()
+	hdr := []byte{typeHealthRequest, 0, 0, 0, byte(len(req))}
+	c.Write(append(hdr, req...))
+	var got [headerLen]byte
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, got[:]); err != nil || got[0] != typeHealthReport {
+		t.Fatalf("a connection within the limit: %v %v", got, err)
+	}
+}
+
 // FuzzServer feeds a frame server arbitrary bytes after the preface: it
 // must never panic, leak a pooled buffer, or hang past the connection's
 // end.
@@ -219,7 +280,9 @@ func FuzzServer(f *testing.F) {
 		done := make(chan struct{})
 		go func() { io.Copy(io.Discard, a); close(done) }()
 		s.wg.Add(1)
-		s.track(b)
+		if s.track(b) != tracked {
+			t.Fatal("not tracked")
+		}
 		go s.serveConn(b)
 		a.SetWriteDeadline(time.Now().Add(time.Second))
 		a.Write([]byte(Preface))

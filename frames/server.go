@@ -34,6 +34,10 @@ type Config struct {
 	// WriteTimeout bounds one frame's write (default 1 minute): a peer
 	// that stops reading for that long loses the connection.
 	WriteTimeout time.Duration
+	// MaxConns bounds the open connections (default 1024); one more is
+	// closed at once. Each holds a goroutine and a read buffer, and one
+	// that never sends its preface holds them for prefaceTimeout.
+	MaxConns int
 	// Log receives connection-level failures (default: discarded).
 	Log *slog.Logger
 }
@@ -41,6 +45,9 @@ type Config struct {
 func (c *Config) defaults() {
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = time.Minute
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = 1024
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
@@ -104,23 +111,39 @@ func (s *Server) Serve(lis net.Listener) error {
 			return err
 		}
 		backoff = 0
-		if !s.track(nc) {
+		switch s.track(nc) {
+		case trackClosed:
 			nc.Close()
 			return net.ErrClosed
+		case trackFull:
+			s.cfg.Log.Warn("frames: connection refused: at the connection limit", "limit", s.cfg.MaxConns)
+			nc.Close()
+			continue
 		}
 		s.wg.Add(1)
 		go s.serveConn(nc)
 	}
 }
 
-func (s *Server) track(nc net.Conn) bool {
+type trackResult int
+
+const (
+	tracked trackResult = iota
+	trackClosed
+	trackFull
+)
+
+func (s *Server) track(nc net.Conn) trackResult {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return false
+		return trackClosed
+	}
+	if len(s.conns) >= s.cfg.MaxConns {
+		return trackFull
 	}
 	s.conns[nc] = struct{}{}
-	return true
+	return tracked
 }
 
 func (s *Server) untrack(nc net.Conn) {

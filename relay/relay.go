@@ -136,7 +136,10 @@ type Relay struct {
 	WaitTimeout time.Duration
 	// MaxIdle bounds the idle registrations of one name (default 64).
 	MaxIdle int
-	Log     *slog.Logger
+	// MaxConns bounds the open connections, paired, idle or saying who
+	// they are (default 4096); one more is closed at once.
+	MaxConns int
+	Log      *slog.Logger
 
 	mu     sync.Mutex // guards the fields below
 	idle   map[string]*nameQueue
@@ -148,6 +151,8 @@ type Relay struct {
 	wg    sync.WaitGroup
 	done  chan struct{}
 	once  sync.Once
+
+	conns atomic.Int64 // open connections (countedConn)
 
 	stats struct {
 		paired, refused, resets atomic.Int64
@@ -181,6 +186,9 @@ func (r *Relay) init() {
 		if r.MaxIdle == 0 {
 			r.MaxIdle = 64
 		}
+		if r.MaxConns == 0 {
+			r.MaxConns = 4096
+		}
 		if r.Log == nil {
 			r.Log = slog.New(slog.DiscardHandler)
 		}
@@ -212,9 +220,44 @@ func (r *Relay) Serve(ln net.Listener) error {
 			}
 			return err
 		}
+		if r.conns.Add(1) > int64(r.MaxConns) {
+			r.conns.Add(-1)
+			r.stats.refused.Add(1)
+			c.Close()
+			continue
+		}
 		r.wg.Add(1)
-		go r.handle(c)
+		go r.handle(&countedConn{Conn: c, n: &r.conns})
 	}
+}
+
+// countedConn counts itself out of the relay's open connections when it
+// is first closed.
+type countedConn struct {
+	net.Conn
+	n    *atomic.Int64
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.n.Add(-1) })
+	return c.Conn.Close()
+}
+
+// CloseWrite passes a half close on (the pipe forwards a clean end so).
+func (c *countedConn) CloseWrite() error {
+	if tc, ok := c.Conn.(*net.TCPConn); ok {
+		return tc.CloseWrite()
+	}
+	return nil
+}
+
+// SetLinger is the TCP option, for a reset.
+func (c *countedConn) SetLinger(sec int) error {
+	if tc, ok := c.Conn.(*net.TCPConn); ok {
+		return tc.SetLinger(sec)
+	}
+	return nil
 }
 
 // Close stops accepting, closes every connection and waits for the
@@ -452,17 +495,24 @@ func (r *Relay) pairDial(c net.Conn, name string) {
 		w.c.SetReadDeadline(time.Now())
 		<-w.watched
 		w.c.SetReadDeadline(time.Time{})
+		// The pair is known (to Reset, ResetAfter and Close) before
+		// either side hears of it.
+		p, ok := r.addPair(c, w.c)
+		if !ok {
+			return
+		}
 		if _, err := io.WriteString(w.c, "PAIRED\n"); err != nil {
+			r.dropPair(p)
 			w.c.Close()
 			continue
 		}
 		if _, err := io.WriteString(c, "OK\n"); err != nil {
-			w.c.Close()
-			c.Close()
+			r.dropPair(p)
+			p.close(false)
 			return
 		}
 		r.stats.paired.Add(1)
-		r.pipe(c, w.c)
+		r.pipe(p)
 		return
 	}
 }
@@ -479,33 +529,42 @@ type pair struct {
 func (p *pair) close(reset bool) {
 	p.once.Do(func() {
 		for _, c := range []net.Conn{p.head, p.worker} {
-			if tc, ok := c.(*net.TCPConn); ok && reset {
-				tc.SetLinger(0)
+			if l, ok := c.(interface{ SetLinger(int) error }); ok && reset {
+				l.SetLinger(0)
 			}
 			c.Close()
 		}
 	})
 }
 
-// pipe copies both ways until both directions end or either fails.
-func (r *Relay) pipe(head, worker net.Conn) {
+// addPair registers a head and a worker joined; false (both closed) when
+// the relay is closing.
+func (r *Relay) addPair(head, worker net.Conn) (*pair, bool) {
 	p := &pair{head: head, worker: worker}
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.closed {
-		r.mu.Unlock()
 		p.close(false)
-		return
+		return nil, false
 	}
 	r.pairs[p] = struct{}{}
-	r.mu.Unlock()
-	done := make(chan struct{}, 2)
-	go func() { r.copy(p, worker, head, &r.stats.toWorker, nil); done <- struct{}{} }()
-	r.copy(p, head, worker, &r.stats.toHead, &p.resetAfter)
-	<-done
-	p.close(false)
+	return p, true
+}
+
+func (r *Relay) dropPair(p *pair) {
 	r.mu.Lock()
 	delete(r.pairs, p)
 	r.mu.Unlock()
+}
+
+// pipe copies both ways until both directions end or either fails.
+func (r *Relay) pipe(p *pair) {
+	done := make(chan struct{}, 2)
+	go func() { r.copy(p, p.worker, p.head, &r.stats.toWorker, nil); done <- struct{}{} }()
+	r.copy(p, p.head, p.worker, &r.stats.toHead, &p.resetAfter)
+	<-done
+	p.close(false)
+	r.dropPair(p)
 }
 
 // chunk is bytes read from one side, due at the other at a time.
@@ -549,8 +608,8 @@ func (r *Relay) copy(p *pair, dst, src net.Conn, count, resetAfter *atomic.Int64
 			continue
 		}
 		if ch.b == nil {
-			if tc, ok := dst.(*net.TCPConn); ok {
-				tc.CloseWrite()
+			if hc, ok := dst.(interface{ CloseWrite() error }); ok {
+				hc.CloseWrite()
 			}
 			if p.ended.Add(1) == 2 {
 				p.close(false)

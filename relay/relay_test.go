@@ -220,7 +220,39 @@ func TestDeadRegistrationFreesItsPlace(t *testing.T) {
 	if _, err := io.ReadFull(live, b[:]); err != nil || string(b[:]) != "PAIRED\n" {
 		t.Fatalf("the live registration read %q %v", b, err)
 	}
-	if s := r.Stats(); s.Refused != 0 || s.Paired != 1 {
+	waitFor(t, func() bool { return r.Stats().Paired == 1 }) // counted just after the OK
+	if s := r.Stats(); s.Refused != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// Past MaxConns a new connection is closed before it can say anything;
+// closing one makes room again.
+func TestRelayConnectionLimit(t *testing.T) {
+	r := &Relay{MaxConns: 2}
+	addr := start(t, r)
+	var held []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		held = append(held, c)
+	}
+	waitFor(t, func() bool { return r.conns.Load() == 2 })
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("past the limit: %d %v", n, err)
+	}
+	held[0].Write([]byte("junk\n")) // refused and closed: room for one more
+	waitFor(t, func() bool { return r.conns.Load() == 1 })
+	if s := r.Stats(); s.Refused != 2 {
 		t.Fatalf("stats %+v", s)
 	}
 }
