@@ -27,6 +27,8 @@ func runRelay(args []string) error {
 	stallEvery := fs.Duration("stall-every", 0, "stop all forwarding once every this long (0: never)")
 	stallFor := fs.Duration("stall-for", 100*time.Millisecond, "how long each stall lasts")
 	wait := fs.Duration("wait", 10*time.Second, "how long a head waits for its worker to register")
+	maxConns := fs.Int("max-conns", 4096, "open connections at most (paired, idle or unidentified); one more is closed at once")
+	maxIdle := fs.Int("max-idle", 64, "idle registrations of one name at most")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -38,11 +40,15 @@ func runRelay(args []string) error {
 	if *latency < 0 || *stallEvery < 0 || *stallFor < 0 || *wait <= 0 {
 		return fmt.Errorf("durations must not be negative, and --wait must be positive")
 	}
+	if *maxConns < 1 || *maxIdle < 1 {
+		return fmt.Errorf("--max-conns and --max-idle must be positive")
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
 	}
-	r := &relay.Relay{Latency: *latency, StallEvery: *stallEvery, StallFor: *stallFor, WaitTimeout: *wait, Log: log}
+	r := &relay.Relay{Latency: *latency, StallEvery: *stallEvery, StallFor: *stallFor, WaitTimeout: *wait,
+		MaxConns: *maxConns, MaxIdle: *maxIdle, Log: log}
 	log.Info("relaying", "listen", ln.Addr().String(), "latency", *latency, "stall_every", *stallEvery)
 	// A line scripts wait for.
 	fmt.Printf("shardd: relay on %s\n", ln.Addr())
