@@ -19,12 +19,6 @@ import (
 	"github.com/meshnet/shardd/stages/frameout"
 )
 
-// writeHolder is a stream that can hold sent messages until Flush.
-type writeHolder interface {
-	HoldWrites()
-	Flush() error
-}
-
 // reply is one message for a stream's send goroutine.
 type reply struct {
 	res       *result // a step's output and Ack (holds a reference)
@@ -57,10 +51,6 @@ type stream struct {
 	epoch    uint64
 	replies  chan reply
 	sendDone chan struct{}
-	// flusher is ss when it can hold what Send writes until Flush (the
-	// frame transport): the sender flushes when nothing more is queued,
-	// so a result and its Ack leave in one write.
-	flusher writeHolder
 
 	mu          sync.Mutex // guards the fields below
 	outstanding int        // work received and not yet answered
@@ -144,9 +134,6 @@ func (st *stream) sendLoop() {
 		case r := <-st.replies:
 			err := st.send(&out, r)
 			r.release()
-			if err == nil && st.flusher != nil && len(st.replies) == 0 {
-				err = st.flusher.Flush()
-			}
 			if err != nil {
 				st.cancel()
 				return
@@ -287,10 +274,6 @@ func (e *Engine) Session(ss grpc.BidiStreamingServer[shardv1.SessionRequest, sha
 	defer endSpan()
 	ctx, cancel := context.WithCancel(sctx)
 	st := &stream{e: e, ss: ss, ctx: ctx, cancel: cancel, sendDone: make(chan struct{})}
-	if h, ok := ss.(writeHolder); ok {
-		h.HoldWrites()
-		st.flusher = h
-	}
 
 	in := inboundPool.Get().(*decode.Inbound)
 	defer func() { in.Release(); inboundPool.Put(in) }()

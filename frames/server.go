@@ -257,12 +257,10 @@ func wireStatus(err error) *status.Status {
 func (s *Server) session(c *conn, n int) {
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
-	c.buffered(sessionWriteBuffer)
 	ss := &serverStream{ctx: ctx, cancel: cancel, c: c, first: n, hasFirst: true}
 	err := s.impl.Session(ss)
 	if err == nil || !isConnErr(err) {
 		s.end(c, err)
-		c.flush()
 	} // else the initiator went away: nobody to tell
 	if ss.watched != nil {
 		c.nc.Close()
@@ -270,15 +268,8 @@ func (s *Server) session(c *conn, n int) {
 	}
 }
 
-// sessionWriteBuffer holds a worker's responses until its sender flushes:
-// a decode step's hidden state and its Ack together, and every small
-// message; larger payloads go straight out.
-const sessionWriteBuffer = 32 << 10
-
 // serverStream is a Session exchange on one connection, as the handler sees
-// a gRPC stream. Each message is written when sent, unless the handler
-// asked (HoldWrites) to flush itself: the engine's sender flushes when it
-// has nothing more queued. The handler's goroutine receives; its send goroutine
+// a gRPC stream. The handler's goroutine receives; its send goroutine
 // sends.
 type serverStream struct {
 	ctx    context.Context
@@ -290,8 +281,6 @@ type serverStream struct {
 	hasFirst bool // first is still to be read
 	recvErr  error
 	watched  chan struct{} // closed when watch returns (nil: not started)
-
-	hold bool // set once by HoldWrites, before the handler's sender starts
 }
 
 var _ grpc.BidiStreamingServer[shardv1.SessionRequest, shardv1.SessionResponse] = (*serverStream)(nil)
@@ -303,22 +292,12 @@ func (ss *serverStream) SetTrailer(metadata.MD)       {}
 
 func (ss *serverStream) Send(m *shardv1.SessionResponse) error { return ss.SendMsg(m) }
 
-// HoldWrites makes sent messages wait in the buffer until Flush. Call it
-// before sending from more than one goroutine.
-func (ss *serverStream) HoldWrites() { ss.hold = true }
-
-// Flush writes what Send and SendMsg buffered.
-func (ss *serverStream) Flush() error { return ss.c.flush() }
-
 // SendMsg writes one SessionResponse (or a decode.Spliced one).
 func (ss *serverStream) SendMsg(m any) error {
 	if err := ss.ctx.Err(); err != nil {
 		return err
 	}
-	if err := ss.c.writeMsg(typeSessionResponse, m); err != nil || ss.hold {
-		return err
-	}
-	return ss.c.flush()
+	return ss.c.writeMsg(typeSessionResponse, m)
 }
 
 func (ss *serverStream) Recv() (*shardv1.SessionRequest, error) {

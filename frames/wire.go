@@ -62,10 +62,6 @@ type conn struct {
 	preface bool       // the initiator's preface goes out with the next frame
 	hdr     [headerLen]byte
 	vec     net.Buffers
-	// bw, when set, holds written frames until flush (a worker's session
-	// connection: its sender flushes when nothing more is queued, so a
-	// result and its Ack leave in one write).
-	bw *bufio.Writer
 }
 
 func newConn(nc net.Conn, codec encoding.CodecV2, pool mem.BufferPool, maxRecv int, writeTimeout time.Duration) *conn {
@@ -91,51 +87,13 @@ func (c *conn) writeFrame(typ byte, data mem.BufferSlice) error {
 		v = append(v, b.ReadOnlyData())
 	}
 	c.vec = v[:0]
-	var err error
-	if c.bw != nil {
-		// Small segments are copied into the buffer; one at least as
-		// large as the buffer goes straight to the connection.
-		for _, b := range v {
-			if _, err = c.bw.Write(b); err != nil {
-				break
-			}
-		}
-	} else {
-		if c.writeTimeout > 0 {
-			c.nc.SetWriteDeadline(time.Now().Add(c.writeTimeout))
-		}
-		// On a TCP connection one writev for the header and every segment.
-		_, err = v.WriteTo(c.nc)
+	if c.writeTimeout > 0 {
+		c.nc.SetWriteDeadline(time.Now().Add(c.writeTimeout))
 	}
+	// On a TCP connection one writev for the header and every segment.
+	_, err := v.WriteTo(c.nc)
 	clear(c.vec[:cap(c.vec)])
 	return err
-}
-
-// buffered makes writes wait in a buffer of n bytes until flush.
-func (c *conn) buffered(n int) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	c.bw = bufio.NewWriterSize(deadlineWriter{c}, n)
-}
-
-// flush writes what buffered frames wait (none when unbuffered).
-func (c *conn) flush() error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if c.bw == nil || c.bw.Buffered() == 0 {
-		return nil
-	}
-	return c.bw.Flush()
-}
-
-// deadlineWriter writes to the connection under the write timeout.
-type deadlineWriter struct{ c *conn }
-
-func (w deadlineWriter) Write(p []byte) (int, error) {
-	if w.c.writeTimeout > 0 {
-		w.c.nc.SetWriteDeadline(time.Now().Add(w.c.writeTimeout))
-	}
-	return w.c.nc.Write(p)
 }
 
 // writeMsg marshals m with the codec and writes it as one frame.
