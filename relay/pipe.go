@@ -110,7 +110,7 @@ func (r *Relay) copy(p *pair, dst, src net.Conn, count, resetAfter *atomic.Int64
 		if d := time.Until(ch.due); d > 0 {
 			time.Sleep(d)
 		}
-		r.stall.wait()
+		r.stall.Wait()
 		b, cut := ch.b, false
 		if resetAfter != nil {
 			if left := resetAfter.Load(); left > 0 {
@@ -134,27 +134,5 @@ func (r *Relay) copy(p *pair, dst, src net.Conn, count, resetAfter *atomic.Int64
 		case free <- ch.b[:0]:
 		default:
 		}
-	}
-}
-
-// gate holds forwarding until a time.
-type gate struct{ until atomic.Int64 }
-
-func (g *gate) pause(until int64) {
-	for {
-		old := g.until.Load()
-		if old >= until || g.until.CompareAndSwap(old, until) {
-			return
-		}
-	}
-}
-
-func (g *gate) wait() {
-	for {
-		d := time.Duration(g.until.Load() - time.Now().UnixNano())
-		if d <= 0 {
-			return
-		}
-		time.Sleep(d)
 	}
 }

@@ -34,6 +34,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/meshnet/shardd/internal/gate"
 )
 
 const (
@@ -147,7 +149,7 @@ type Relay struct {
 	lns    map[net.Listener]struct{}
 	closed bool
 
-	stall gate
+	stall gate.Gate
 	wg    sync.WaitGroup
 	done  chan struct{}
 	once  sync.Once
@@ -314,7 +316,7 @@ func (r *Relay) ResetAfter(n int64) int {
 }
 
 // Stall stops all forwarding for d.
-func (r *Relay) Stall(d time.Duration) { r.stall.pause(time.Now().Add(d).UnixNano()) }
+func (r *Relay) Stall(d time.Duration) { r.stall.Pause(time.Now().Add(d).UnixNano()) }
 
 func (r *Relay) stalls() {
 	defer r.wg.Done()

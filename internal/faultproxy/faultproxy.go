@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/meshnet/shardd/internal/gate"
 )
 
 // Proxy forwards every connection accepted on Addr to a target address.
@@ -83,8 +85,8 @@ func (p *Proxy) Stall(d time.Duration) int {
 	ls := p.live()
 	until := time.Now().Add(d).UnixNano()
 	for _, l := range ls {
-		l.toServer.pause(until)
-		l.toClient.pause(until)
+		l.toServer.Pause(until)
+		l.toClient.Pause(until)
 	}
 	return len(ls)
 }
@@ -97,7 +99,7 @@ func (p *Proxy) StopReading(d time.Duration) int {
 	ls := p.live()
 	until := time.Now().Add(d).UnixNano()
 	for _, l := range ls {
-		l.toClient.pause(until)
+		l.toClient.Pause(until)
 	}
 	return len(ls)
 }
@@ -140,46 +142,23 @@ type link struct {
 	p              *Proxy
 	client, server *net.TCPConn
 
-	toServer, toClient gate
+	toServer, toClient gate.Gate
 	resetAfter         atomic.Int64 // bytes toward the server before a reset (0: none armed)
 	halfClosed         atomic.Int32 // directions that ended with a clean EOF
 	once               sync.Once
 }
 
-// gate holds a direction's forwarding until a time.
-type gate struct{ until atomic.Int64 }
-
-func (g *gate) pause(until int64) {
-	for {
-		old := g.until.Load()
-		if old >= until || g.until.CompareAndSwap(old, until) {
-			return
-		}
-	}
-}
-
-// wait sleeps while the gate is closed (it may be extended meanwhile).
-func (g *gate) wait() {
-	for {
-		d := time.Duration(g.until.Load() - time.Now().UnixNano())
-		if d <= 0 {
-			return
-		}
-		time.Sleep(d)
-	}
-}
-
 // pump copies src to dst through the gate. A clean end of src is passed
 // on as a half close; the link ends when both directions have ended or
 // either fails.
-func (l *link) pump(dst, src *net.TCPConn, g *gate, toServer bool) {
+func (l *link) pump(dst, src *net.TCPConn, g *gate.Gate, toServer bool) {
 	defer l.p.wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
-		g.wait()
+		g.Wait()
 		n, err := src.Read(buf)
 		if n > 0 {
-			g.wait()
+			g.Wait()
 			chunk := buf[:n]
 			cut := false
 			if toServer {
