@@ -196,38 +196,31 @@ func (cl *Client) unary(ctx context.Context, reqTyp byte, req any, respTyp byte,
 	return status.Errorf(codes.Internal, "%v: type %#x answering a call", ErrProtocol, typ)
 }
 
-// GetCapability asks what the worker can execute.
-func (cl *Client) GetCapability(ctx context.Context, in *shardv1.CapabilityRequest, _ ...grpc.CallOption) (*shardv1.CapabilityReport, error) {
-	out := new(shardv1.CapabilityReport)
-	if err := cl.unary(ctx, typeCapabilityRequest, in, typeCapabilityReport, out); err != nil {
+// call makes one unary call with a response of type R.
+func call[R any](cl *Client, ctx context.Context, reqTyp byte, req any, respTyp byte) (*R, error) {
+	out := new(R)
+	if err := cl.unary(ctx, reqTyp, req, respTyp, out); err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// GetCapability asks what the worker can execute.
+func (cl *Client) GetCapability(ctx context.Context, in *shardv1.CapabilityRequest, _ ...grpc.CallOption) (*shardv1.CapabilityReport, error) {
+	return call[shardv1.CapabilityReport](cl, ctx, typeCapabilityRequest, in, typeCapabilityReport)
 }
 
 // Health asks for the worker's live load.
 func (cl *Client) Health(ctx context.Context, in *shardv1.HealthRequest, _ ...grpc.CallOption) (*shardv1.HealthReport, error) {
-	out := new(shardv1.HealthReport)
-	if err := cl.unary(ctx, typeHealthRequest, in, typeHealthReport, out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return call[shardv1.HealthReport](cl, ctx, typeHealthRequest, in, typeHealthReport)
 }
 
 // Release drops a session's state out of band.
 func (cl *Client) Release(ctx context.Context, in *shardv1.ReleaseRequest, _ ...grpc.CallOption) (*shardv1.ReleaseResponse, error) {
-	out := new(shardv1.ReleaseResponse)
-	if err := cl.unary(ctx, typeReleaseRequest, in, typeReleaseResponse, out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return call[shardv1.ReleaseResponse](cl, ctx, typeReleaseRequest, in, typeReleaseResponse)
 }
 
 // Cancel abandons queued work out of band, on a connection of its own.
 func (cl *Client) Cancel(ctx context.Context, in *shardv1.CancelRequest, _ ...grpc.CallOption) (*shardv1.CancelResponse, error) {
-	out := new(shardv1.CancelResponse)
-	if err := cl.unary(ctx, typeCancelRequest, in, typeCancelResponse, out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return call[shardv1.CancelResponse](cl, ctx, typeCancelRequest, in, typeCancelResponse)
 }

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnet/shardd/backend/llamacpp"
 	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/verify"
 )
@@ -18,22 +17,8 @@ import (
 // boundary) generates the whole model's 32 greedy tokens.
 func TestArchitectureRoutes(t *testing.T) {
 	dir := t.TempDir()
-	models := map[string]string{}
-	for _, arch := range slices.Sorted(maps.Keys(gguf.SupportedArchs)) {
-		p := filepath.Join(dir, arch+".gguf")
-		if err := gguf.Generate(p, gguf.Presets["tiny"].ForArch(arch)); err != nil {
-			t.Fatal(err)
-		}
-		models[arch] = p
-	}
-	spec := gguf.Presets["tiny"]
-	spec.Hidden, spec.FFN = 256, 512
-	f32 := filepath.Join(dir, "llama-256.gguf")
-	if err := gguf.Generate(f32, spec); err != nil {
-		t.Fatal(err)
-	}
-	models["llama-q4_K_M"] = filepath.Join(dir, "llama-q4_K_M.gguf")
-	if err := llamacpp.Quantize(f32, models["llama-q4_K_M"], "q4_K_M"); err != nil {
+	models, err := verify.ArchModels(dir)
+	if err != nil {
 		t.Fatal(err)
 	}
 	prompt := []int32{1, 17, 42, 7, 99, 3}

@@ -44,6 +44,22 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// tinyShards writes the tiny preset into a test folder and splits it n
+// ways; it returns the whole model and the shards.
+func tinyShards(t *testing.T, n int) (model string, shards []string) {
+	t.Helper()
+	dir := t.TempDir()
+	model = filepath.Join(dir, "tiny.gguf")
+	if err := gguf.Generate(model, gguf.Presets["tiny"]); err != nil {
+		t.Fatal(err)
+	}
+	shards, err := gguf.Split(model, gguf.EvenRanges(6, n), dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return model, shards
+}
+
 // proc is one shardd serve process.
 type proc struct {
 	cmd  *exec.Cmd
@@ -103,15 +119,7 @@ func (p *proc) stop() {
 // head recovers (retry, then CACHE_MISS -> one re-prefill) and both
 // generations still equal the unsplit model's tokens.
 func TestRouteSurvivesWorkerRestart(t *testing.T) {
-	dir := t.TempDir()
-	model := filepath.Join(dir, "tiny.gguf")
-	if err := gguf.Generate(model, gguf.Presets["tiny"]); err != nil {
-		t.Fatal(err)
-	}
-	shards, err := gguf.Split(model, gguf.EvenRanges(6, 3), dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	model, shards := tinyShards(t, 3)
 	procs := make([]*proc, 3)
 	var addrs []string
 	for i, s := range shards {
@@ -178,15 +186,7 @@ func TestRouteSurvivesWorkerRestart(t *testing.T) {
 
 // TestDialRefusesBrokenRoutes: a route must tile the layers from 0.
 func TestDialRefusesBrokenRoutes(t *testing.T) {
-	dir := t.TempDir()
-	model := filepath.Join(dir, "tiny.gguf")
-	if err := gguf.Generate(model, gguf.Presets["tiny"]); err != nil {
-		t.Fatal(err)
-	}
-	shards, err := gguf.Split(model, gguf.EvenRanges(6, 3), dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, shards := tinyShards(t, 3)
 	a, c := serve(t, shards[0], "127.0.0.1:0"), serve(t, shards[2], "127.0.0.1:0")
 	ctx := context.Background()
 	if _, err := Dial(ctx, []string{a.addr, c.addr}, Options{}); err == nil || !strings.Contains(err.Error(), "starts at layer 4") {

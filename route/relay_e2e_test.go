@@ -3,12 +3,10 @@ package route
 import (
 	"context"
 	"net"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/relay"
 	"github.com/meshnet/shardd/verify"
 )
@@ -20,15 +18,7 @@ import (
 // after the worker applied the step (the head's retry of the same step is
 // acknowledged as a duplicate), and once between steps.
 func TestRelayedRoute(t *testing.T) {
-	dir := t.TempDir()
-	model := filepath.Join(dir, "tiny.gguf")
-	if err := gguf.Generate(model, gguf.Presets["tiny"]); err != nil {
-		t.Fatal(err)
-	}
-	shards, err := gguf.Split(model, gguf.EvenRanges(6, 3), dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	model, shards := tinyShards(t, 3)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -40,13 +40,7 @@ func TestRouteOverMutualTLS(t *testing.T) {
 	defer srv.Stop()
 	addr := lis.Addr().String()
 
-	head := func(files tlsconf.Files) Options {
-		r, err := tlsconf.New(files)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return Options{TLS: r.ClientConfig(), StepTimeout: 500 * time.Millisecond}
-	}
+	head := func(files tlsconf.Files) Options { return tlsHead(t, files, 500*time.Millisecond) }
 	cc, ck := clients.Leaf("head", time.Now().Add(time.Hour), x509.ExtKeyUsageClientAuth)
 	r, err := Dial(context.Background(), []string{addr}, head(tlsconf.Files{Cert: cc, Key: ck, CA: servers.CAFile()}))
 	if err != nil {
@@ -105,13 +99,7 @@ func TestRelayedHopOverMutualTLS(t *testing.T) {
 		}
 		go fs.Serve(tls.NewListener(lis, srvTLS.ServerConfig()))
 	}
-	head := func(files tlsconf.Files) Options {
-		r, err := tlsconf.New(files)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return Options{TLS: r.ClientConfig(), StepTimeout: 2 * time.Second}
-	}
+	head := func(files tlsconf.Files) Options { return tlsHead(t, files, 2*time.Second) }
 	cc, ck := clients.Leaf("head", time.Now().Add(time.Hour), x509.ExtKeyUsageClientAuth)
 	good := tlsconf.Files{Cert: cc, Key: ck, CA: servers.CAFile()}
 	r, err := Dial(context.Background(), []string{"relay://" + relayAddr + "/worker-b"}, head(good))
@@ -139,4 +127,14 @@ func TestRelayedHopOverMutualTLS(t *testing.T) {
 			t.Errorf("%s: Dial succeeded", name)
 		}
 	}
+}
+
+// tlsHead is a head's options for TLS from files, with a step timeout.
+func tlsHead(t *testing.T, files tlsconf.Files, step time.Duration) Options {
+	t.Helper()
+	r, err := tlsconf.New(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Options{TLS: r.ClientConfig(), StepTimeout: step}
 }

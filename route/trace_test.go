@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -47,15 +46,7 @@ func provider(rec sdktrace.SpanProcessor, instance string) *sdktrace.TracerProvi
 // generate -> client stream -> server stream -> step -> every stage, on both
 // hops, with the step attributes set.
 func TestGenerationSpanTree(t *testing.T) {
-	dir := t.TempDir()
-	model := filepath.Join(dir, "tiny.gguf")
-	if err := gguf.Generate(model, gguf.Presets["tiny"]); err != nil {
-		t.Fatal(err)
-	}
-	shards, err := gguf.Split(model, gguf.EvenRanges(6, 2), dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, shards := tinyShards(t, 2)
 	rec := notifyingRecorder{tracetest.NewSpanRecorder(), make(chan struct{}, 1)}
 	var addrs []string
 	var engines []*engine.Engine

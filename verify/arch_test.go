@@ -1,43 +1,12 @@
 package verify
 
 import (
-	"maps"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
-	"github.com/meshnet/shardd/backend/llamacpp"
 	"github.com/meshnet/shardd/gguf"
 )
-
-// archModels writes a small generated model of every supported
-// architecture into dir, and a q4_K_M llama (hidden 256, since k-quant
-// blocks are 256 weights wide) quantized by llama.cpp's own quantizer. It
-// returns their paths by name.
-func archModels(t testing.TB, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	for _, arch := range slices.Sorted(maps.Keys(gguf.SupportedArchs)) {
-		p := filepath.Join(dir, arch+".gguf")
-		if err := gguf.Generate(p, gguf.Presets["tiny"].ForArch(arch)); err != nil {
-			t.Fatal(err)
-		}
-		out[arch] = p
-	}
-	spec := gguf.Presets["tiny"]
-	spec.Hidden, spec.FFN = 256, 512
-	f32 := filepath.Join(dir, "llama-256.f32.gguf")
-	if err := gguf.Generate(f32, spec); err != nil {
-		t.Fatal(err)
-	}
-	q := filepath.Join(dir, "llama-q4_K_M.gguf")
-	if err := llamacpp.Quantize(f32, q, "q4_K_M"); err != nil {
-		t.Fatal(err)
-	}
-	out["llama-q4_K_M"] = q
-	return out
-}
 
 // TestArchitectures is the proof for every supported architecture and for
 // k-quant weights: 2- and 3-way splits of each generated model (prefill,
@@ -46,7 +15,11 @@ func archModels(t testing.TB, dir string) map[string]string {
 // where the route rounds at a bf16 one.
 func TestArchitectures(t *testing.T) {
 	dir := t.TempDir()
-	for name, model := range archModels(t, dir) {
+	models, err := ArchModels(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, model := range models {
 		t.Run(name, func(t *testing.T) {
 			meta, err := gguf.Read(model)
 			if err != nil {
