@@ -65,7 +65,11 @@ func decodeCeiling(b *testing.B, sessions int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	eng := engine.New(engine.Config{MaxSessions: sessions}, served, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ecfg := engine.Config{MaxSessions: sessions}
+	if v := os.Getenv("SHARDD_BENCH_DECODE_GROUPS"); v != "" {
+		fmt.Sscan(v, &ecfg.DecodeGroups)
+	}
+	eng := engine.New(ecfg, served, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -87,21 +91,29 @@ func decodeCeiling(b *testing.B, sessions int) {
 		}
 		return p
 	}
-	var inProc, worker []float64
+	var inProc, worker, inProcFirst, workerFirst, inProcDecode, workerDecode []float64
 	b.ReportAllocs()
 	for b.Loop() {
-		t, err := ceilingRun(direct, sessions, outLen, prompt)
+		first, t, err := ceilingRun(direct, sessions, outLen, prompt)
 		if err != nil {
 			b.Fatal(err)
 		}
 		inProc = append(inProc, float64(sessions*outLen)/t.Seconds())
+		inProcFirst = append(inProcFirst, float64(first.Milliseconds()))
+		inProcDecode = append(inProcDecode, float64(sessions*(outLen-1))/(t-first).Seconds())
 
 		start := time.Now()
 		var wg sync.WaitGroup
 		errs := make(chan error, sessions)
+		firsts := make([]time.Time, sessions)
 		for s := range sessions {
 			wg.Go(func() {
-				_, err := rt.Generate(context.Background(), route.Request{Prompt: prompt(s), MaxTokens: outLen}, func(int32) error { return nil })
+				_, err := rt.Generate(context.Background(), route.Request{Prompt: prompt(s), MaxTokens: outLen}, func(int32) error {
+					if firsts[s].IsZero() {
+						firsts[s] = time.Now()
+					}
+					return nil
+				})
 				if err != nil {
 					errs <- err
 				}
@@ -112,21 +124,31 @@ func decodeCeiling(b *testing.B, sessions int) {
 		if err := <-errs; err != nil {
 			b.Fatal(err)
 		}
-		worker = append(worker, float64(sessions*outLen)/time.Since(start).Seconds())
+		end := time.Now()
+		worker = append(worker, float64(sessions*outLen)/end.Sub(start).Seconds())
+		last := slices.MaxFunc(firsts, time.Time.Compare)
+		workerFirst = append(workerFirst, float64(last.Sub(start).Milliseconds()))
+		workerDecode = append(workerDecode, float64(sessions*(outLen-1))/end.Sub(last).Seconds())
 	}
 	mi, mw := medianF(inProc), medianF(worker)
 	b.ReportMetric(mi, "inproc-tok/s")
 	b.ReportMetric(mw, "worker-tok/s")
 	b.ReportMetric(mw/mi, "worker/ceiling")
+	// Where the gap lies: the time until every session had its first
+	// token, and the rate once all of them decode, each against the same
+	// in the process.
+	b.ReportMetric(medianF(inProcFirst), "inproc-first-ms")
+	b.ReportMetric(medianF(workerFirst), "worker-first-ms")
+	b.ReportMetric(medianF(workerDecode)/medianF(inProcDecode), "decode-phase/ceiling")
 }
 
 // ceilingRun prefills every session's prompt in one forward, then decodes
 // outLen-1 steps of one row per session per forward, greedy; it returns
-// the time taken.
-func ceilingRun(be backend.Backend, sessions, outLen int, prompt func(int) []int32) (time.Duration, error) {
+// the time until every session had its first token, and the time taken.
+func ceilingRun(be backend.Backend, sessions, outLen int, prompt func(int) []int32) (first, took time.Duration, err error) {
 	bt, err := be.NewBatch()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer be.FreeBatch(bt)
 	for s := range sessions {
@@ -143,28 +165,31 @@ func ceilingRun(be backend.Backend, sessions, outLen int, prompt func(int) []int
 				p := prompt(s)
 				for i, t := range p {
 					if err := bt.AddToken(s, i, t, i == len(p)-1); err != nil {
-						return 0, err
+						return 0, 0, err
 					}
 				}
 				pos = len(p)
 				continue
 			}
 			if err := bt.AddToken(s, pos, toks[s], true); err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 		}
 		if step > 0 {
 			pos++
 		}
 		if err := be.Forward(bt, &out); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		vocab := len(out.Logits) / sessions
 		for s := range sessions {
 			toks[s] = int32(argmax.Index(out.Logits[s*vocab : (s+1)*vocab]))
 		}
+		if step == 0 {
+			first = time.Since(start)
+		}
 	}
-	return time.Since(start), nil
+	return first, time.Since(start), nil
 }
 
 func medianF(v []float64) float64 {
