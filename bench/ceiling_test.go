@@ -65,11 +65,7 @@ func decodeCeiling(b *testing.B, sessions int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ecfg := engine.Config{MaxSessions: sessions}
-	if v := os.Getenv("SHARDD_BENCH_DECODE_GROUPS"); v != "" {
-		fmt.Sscan(v, &ecfg.DecodeGroups)
-	}
-	eng := engine.New(ecfg, served, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	eng := engine.New(benchEngineConfig(b, engine.Config{MaxSessions: sessions}), served, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -190,6 +186,27 @@ func ceilingRun(be backend.Backend, sessions, outLen int, prompt func(int) []int
 		}
 	}
 	return first, time.Since(start), nil
+}
+
+// benchEngineConfig applies the scheduler settings a benchmark run may
+// set to a worker's cfg; unset, the engine's defaults hold.
+// SHARDD_BENCH_ITERATION_TOKENS, SHARDD_BENCH_DECODE_BUDGET (a duration;
+// -1ms runs without the decode budget, the scheduler before issue 16) and
+// SHARDD_BENCH_DECODE_GROUPS.
+func benchEngineConfig(b *testing.B, cfg engine.Config) engine.Config {
+	if v := os.Getenv("SHARDD_BENCH_ITERATION_TOKENS"); v != "" {
+		fmt.Sscan(v, &cfg.IterationTokens)
+	}
+	if v := os.Getenv("SHARDD_BENCH_DECODE_BUDGET"); v != "" {
+		var err error
+		if cfg.DecodeBudget, err = time.ParseDuration(v); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if v := os.Getenv("SHARDD_BENCH_DECODE_GROUPS"); v != "" {
+		fmt.Sscan(v, &cfg.DecodeGroups)
+	}
+	return cfg
 }
 
 func medianF(v []float64) float64 {

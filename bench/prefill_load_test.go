@@ -131,18 +131,7 @@ func (h *headSession) run(first int, ids []int32, decode bool) error {
 // session decodes over prefill alone; target >= 0.4).
 func BenchmarkDecodeUnderPrefill(b *testing.B) {
 	model := benchModel(b)
-	cfg := engine.Config{MaxSessions: 7}
-	if v := os.Getenv("SHARDD_BENCH_ITERATION_TOKENS"); v != "" {
-		fmt.Sscan(v, &cfg.IterationTokens)
-	}
-	// SHARDD_BENCH_DECODE_BUDGET=-1ms runs without the decode budget (the
-	// scheduler before issue 16); unset is the engine's default.
-	if v := os.Getenv("SHARDD_BENCH_DECODE_BUDGET"); v != "" {
-		var err error
-		if cfg.DecodeBudget, err = time.ParseDuration(v); err != nil {
-			b.Fatal(err)
-		}
-	}
+	cfg := benchEngineConfig(b, engine.Config{MaxSessions: 7})
 	var idleP99, aloneRate float64 // from this round's earlier cases
 	for _, c := range []struct {
 		name              string
