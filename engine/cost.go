@@ -64,11 +64,26 @@ func (m *costModel) predict(rows int) (time.Duration, bool) {
 // fit returns how many rows can be added to a forward of rows rows without
 // its predicted time passing budget (0 when none or the model is not ready).
 func (m *costModel) fit(rows int, budget time.Duration) int {
-	base, perRow, ok := m.coef()
+	t, ok := m.predict(rows)
+	if !ok {
+		return 0
+	}
+	return m.fitAfter(t, budget)
+}
+
+// fitAfter returns how many rows can be added, at the model's cost per
+// row, to a forward expected to take t without passing budget (0 when none
+// or the model is not ready). It prices only the added rows: a caller that
+// measured t need not trust the line's intercept, which on a CPU sits well
+// above what small batches take (the line is fitted over batches of up to
+// costMaxRows rows, and a forward's cost per row falls as its batch
+// grows).
+func (m *costModel) fitAfter(t, budget time.Duration) int {
+	_, perRow, ok := m.coef()
 	if !ok || perRow <= 0 {
 		return 0
 	}
-	extra := (budget.Seconds() - base - perRow*float64(rows)) / perRow
+	extra := (budget - t).Seconds() / perRow
 	if extra < 1 || math.IsNaN(extra) {
 		return 0
 	}

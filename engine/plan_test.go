@@ -201,20 +201,44 @@ func (sc *script) prefilled(n int, ids ...string) {
 	}
 }
 
-// Prefill chunks share an iteration's prefill budget equally, and the
-// session that starts the share turns round, so none waits behind another.
-func TestPlanPrefillShares(t *testing.T) {
+// An iteration's prefill tokens go to the chunks with the fewest tokens
+// left first, in order of arrival among equals, so sessions reach their
+// first token one after another instead of all together at the end.
+func TestPlanPrefillShortestFirst(t *testing.T) {
 	sc := newScript(t, Config{PrefillIterationTokens: 12, DecodeQuiet: -1}, nil)
 	sc.submit("a", 10)
-	sc.submit("b", 10)
+	sc.submit("b", 4)
 	sc.submit("c", 10)
-	sc.expect("1st", sc.step(time.Millisecond), "a:p4 b:p4 c:p4")
-	sc.expect("2nd", sc.step(time.Millisecond), "b:p4 c:p4 a:p4")
-	sc.expect("3rd", sc.step(time.Millisecond), "c:p2 a:p2 b:p2")
-	for _, id := range []string{"a", "b", "c"} {
+	sc.expect("1st", sc.step(time.Millisecond), "b:p4 a:p8")
+	sc.expect("b", sc.replies("b"), "ack 1")
+	// a has 2 left: it goes first.
+	sc.expect("2nd", sc.step(time.Millisecond), "a:p2 c:p10")
+	for _, id := range []string{"a", "c"} {
 		sc.expect(id, sc.replies(id), "ack 1")
 	}
 	sc.expect("after", sc.plan(), "idle")
+}
+
+// A chunk queued for longer than prefillPatience goes ahead of shorter
+// ones, so short prompts arriving all the time cannot pass a long one
+// over for ever.
+func TestPlanPrefillPatience(t *testing.T) {
+	sc := newScript(t, Config{PrefillIterationTokens: 8, DecodeQuiet: -1}, nil)
+	sc.submit("long", 100)
+	var got []string
+	start := sc.now
+	for i := 0; sc.now.Sub(start) <= prefillPatience; i++ {
+		id := fmt.Sprint("s", i)
+		sc.submit(id, 8)
+		got = append(got, sc.step(100*time.Millisecond))
+		sc.expect(id, sc.replies(id), "ack 1")
+	}
+	// Until then the short ones went first, whole.
+	for i, p := range got {
+		sc.expect(fmt.Sprint("short ", i), p, fmt.Sprintf("s%d:p8", i))
+	}
+	sc.submit("late", 8)
+	sc.expect("patience spent", sc.step(100*time.Millisecond), "long:p8")
 }
 
 // Decode steps go first; prefill tokens fill the iteration up to
@@ -262,6 +286,47 @@ func TestPlanDecodeBudgetPacking(t *testing.T) {
 	if sc.s.budgetHits != sc.s.budgetRuns-1 {
 		t.Fatalf("an overrun counted as kept: %d of %d", sc.s.budgetHits, sc.s.budgetRuns)
 	}
+}
+
+// The prefill beside decode rows is priced by the margin: the time the
+// decode rows are measured to take alone, plus the model's cost per added
+// row. On a CPU the fitted line's intercept sits far above what a small
+// decode batch takes (its cost per row falls as the batch grows); pricing
+// the decode rows by the line left no prefill beside a few decoding
+// sessions, and their waiting prompts starved (PERF.md "A budget priced by
+// the margin").
+func TestPlanBudgetPricesTheMargin(t *testing.T) {
+	sc := newScript(t, Config{IterationTokens: 1, DecodeGroups: -1, DecodeQuiet: -1, PrefillIterationTokens: 32},
+		func(i *backend.Info) { i.CtxTokens = 1024 })
+	sc.prefilled(2, "a", "b")
+	// Large prefill batches: 16 rows in 20 ms, 32 in 28 ms (a line of
+	// 12 ms + 0.5 ms a row).
+	for i := range costMinRuns {
+		sc.submit("big", 32)
+		sc.expect(fmt.Sprint("32 rows ", i), sc.step(28*time.Millisecond), "big:p32")
+		sc.submit("big", 16)
+		sc.expect(fmt.Sprint("16 rows ", i), sc.step(20*time.Millisecond), "big:p16")
+	}
+	// Two decode rows take 3 ms alone: under the line's intercept.
+	sc.submit("a", 0)
+	sc.submit("b", 0)
+	sc.expect("decode alone", sc.step(3*time.Millisecond), "a:d1 b:d1")
+	sc.replies("a")
+	sc.replies("b")
+	base, perRow, _ := sc.s.cost.coef()
+	if base <= 0.0045 {
+		t.Fatalf("the line's intercept is %.1f ms: the scenario needs one past the budget (4.5 ms)", base*1e3)
+	}
+	// Budget 1.5 x 3 ms: 1.5 ms beside the decode rows, at the line's
+	// slope per prefill row.
+	want := int(0.0015 / perRow)
+	if want < 1 {
+		t.Fatalf("slope %.2f ms a row leaves no row in 1.5 ms", perRow*1e3)
+	}
+	sc.submit("a", 0)
+	sc.submit("b", 0)
+	sc.submit("p", 100)
+	sc.expect("packed", sc.plan(), fmt.Sprintf("a:d1 b:d1 p:p%d", want))
 }
 
 // A prefill-only iteration does not start when a decode step is due
@@ -358,7 +423,7 @@ func TestPlanDeterministicTurns(t *testing.T) {
 	for sc.s.pending > 0 {
 		got = append(got, sc.step(0))
 	}
-	sc.expect("turns", strings.Join(got, " | "), "p:p6 | a:d1 | q:p3 | b:d1")
+	sc.expect("turns", strings.Join(got, " | "), "p:p6 | b:d1 | q:p3 | a:d1")
 }
 
 // Eviction while work is queued: a session whose next step waits in the

@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/meshnet/shardd/backend"
@@ -209,8 +211,7 @@ const decodeAnchorEvery = 32
 
 // decodeBudget is the time an iteration with rows decode rows may take (0
 // while it cannot be known yet, or with no time budget): the set budget,
-// or 1.5x the measured time of the decode rows alone (moved along the
-// cost model's line when the row count differs).
+// or 1.5x the decode rows' own time (decodeTime).
 func (s *scheduler) decodeBudget(rows int) time.Duration {
 	if b := s.e.cfg.DecodeBudget; b != 0 {
 		return max(b, 0)
@@ -218,11 +219,38 @@ func (s *scheduler) decodeBudget(rows int) time.Duration {
 	if !s.decodeOnly.t.ok {
 		return 0
 	}
+	t, _ := s.decodeTime(rows)
+	return t * 3 / 2
+}
+
+// decodeTime is the expected time of a forward of rows decode rows alone:
+// the measured time of decode iterations without prefill, moved along the
+// cost model's slope when the row count differs; the cost model's line
+// while nothing is measured.
+func (s *scheduler) decodeTime(rows int) (time.Duration, bool) {
+	if !s.decodeOnly.t.ok {
+		return s.cost.predict(rows)
+	}
 	t := s.decodeOnly.t.v
 	if _, perRow, ok := s.cost.coef(); ok {
 		t += time.Duration(perRow * float64(rows-int(s.decodeOnly.rows.v)) * float64(time.Second))
 	}
-	return max(t, 0) * 3 / 2
+	return max(t, 0), true
+}
+
+// prefillBeside is how many prefill rows fit beside rows decode rows in
+// an iteration that may take limit: the time left after the decode rows'
+// own (decodeTime), at the cost model's price per row. Pricing the decode
+// rows by the line instead (its intercept plus its slope) gave no prefill
+// at all once the line's intercept exceeded what a small decode batch
+// takes, and a worker whose few decoding sessions kept a step queued
+// starved every waiting prompt (PERF.md "A budget priced by the margin").
+func (s *scheduler) prefillBeside(rows int, limit time.Duration) int {
+	t, ok := s.decodeTime(rows)
+	if !ok {
+		return 0
+	}
+	return s.cost.fitAfter(t, limit)
 }
 
 func (s *scheduler) enqueue(w *work) {
@@ -236,6 +264,7 @@ func (s *scheduler) enqueue(w *work) {
 	}
 	q.items = append(q.items, w)
 	s.pending++
+	w.queued = s.now()
 	if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE {
 		s.gather.arrived(w.st.id, s.now())
 	}
@@ -324,7 +353,7 @@ func (s *scheduler) plan(now time.Time) bool {
 		}
 		s.lastDecode, s.lastDecodeRows = now, rows
 		limit = s.decodeBudget(rows)
-		budget = rows + max(e.cfg.IterationTokens-rows, s.cost.fit(rows, limit))
+		budget = rows + max(e.cfg.IterationTokens-rows, s.prefillBeside(rows, limit))
 		if s.sinceDecodeOnly >= decodeAnchorEvery && e.cfg.DecodeBudget == 0 {
 			budget = rows // measure the decode rows alone now and then
 		}
@@ -333,7 +362,7 @@ func (s *scheduler) plan(now time.Time) bool {
 		// would get beside it, and no more than ends before the step is
 		// due. When not even one token would, wait for the step: it then
 		// runs at once, with prefill tokens beside it.
-		budget = max(e.cfg.IterationTokens, s.cost.fit(s.lastDecodeRows, s.decodeBudget(s.lastDecodeRows)))
+		budget = max(e.cfg.IterationTokens, s.prefillBeside(s.lastDecodeRows, s.decodeBudget(s.lastDecodeRows)))
 		if due, ok := s.gather.due(now); ok && e.cfg.DecodeBudget >= 0 {
 			if _, ready := s.cost.predict(1); ready {
 				n := s.cost.fit(0, due.Sub(now))
@@ -389,14 +418,12 @@ func (s *scheduler) plan(now time.Time) bool {
 
 	if len(prefills) > 0 && rows < budget {
 		left := budget - rows
-		start := s.rr % len(prefills)
-		s.rr++
-		for i := range prefills {
-			w := prefills[(start+i)%len(prefills)].items[0]
-			share := int(math.Ceil(float64(left) / float64(len(prefills)-i)))
-			n := min(w.tokens-w.done, share, left)
+		orderPrefills(prefills, now)
+		for _, q := range prefills {
+			w := q.items[0]
+			n := min(w.tokens-w.done, left)
 			if n <= 0 {
-				continue
+				break
 			}
 			s.planned = append(s.planned, planned{w: w, from: w.done, n: n})
 			left -= n
@@ -421,6 +448,38 @@ func (s *scheduler) plan(now time.Time) bool {
 	// "Batches that form").
 	s.fwd = forwardPlan{rows: rows, decodes: len(decodes), limit: limit, preemptible: len(decodes) == 0 && !s.preempted}
 	return true
+}
+
+// prefillPatience: a prefill chunk queued for longer than this goes ahead
+// of shorter ones (orderPrefills).
+const prefillPatience = time.Second
+
+// orderPrefills puts the prefill chunks that wait in the order an
+// iteration's prefill tokens go to them: the fewest tokens left first, in
+// order of arrival among equals, so the tokens that bring a session to its
+// first token soonest go first; but a chunk queued for longer than
+// prefillPatience goes ahead, oldest first, so a long prompt is not passed
+// over for ever by short ones. Shares split equally among all waiting
+// chunks (the order before) made a burst of short prompts all finish
+// together, late: 32 prompts of 8 tokens beside a few decoding sessions
+// took 1.3 s to all start decoding (PERF.md "Prefill, shortest first").
+func orderPrefills(prefills []*sessQueue, now time.Time) {
+	slices.SortStableFunc(prefills, func(a, b *sessQueue) int {
+		wa, wb := a.items[0], b.items[0]
+		oldA, oldB := now.Sub(wa.queued) > prefillPatience, now.Sub(wb.queued) > prefillPatience
+		switch {
+		case oldA != oldB:
+			if oldA {
+				return -1
+			}
+			return 1
+		case !oldA:
+			if c := cmp.Compare(wa.tokens-wa.done, wb.tokens-wb.done); c != 0 {
+				return c
+			}
+		}
+		return wa.queued.Compare(wb.queued)
+	})
 }
 
 // forward fills the batch with the planned rows and runs it: the

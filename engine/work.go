@@ -57,6 +57,7 @@ type work struct {
 	out      *bufpool.Buffer
 	outRows  int
 	hit      bool
+	queued   time.Time // by the scheduler's clock
 	started  time.Time
 }
 
