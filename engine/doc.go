@@ -17,10 +17,11 @@
 // The scheduler runs iterations. Each iteration takes every waiting decode
 // step first (one per session: continuous decode batching across sessions),
 // then fills what is left of the iteration's token budget with prefill
-// tokens shared equally between prefilling sessions, starting from a rotating
-// session; a chunk larger than its share progresses over several
-// iterations. So a long prefill never delays a decode step by more than one
-// bounded iteration, and prefilling sessions progress together.
+// tokens, to the chunk with the fewest tokens left first (oldest first
+// once a chunk has waited prefillPatience); a chunk larger than what is
+// left progresses over several iterations. So a long prefill never delays
+// a decode step by more than one bounded iteration, and sessions reach
+// their first token one after another.
 //
 // The scheduler is a state with a driver, as etcd's raft is built. Its
 // state (session queues, admission against the session store, the results

@@ -309,7 +309,7 @@ func (s *scheduler) pop(q *sessQueue) {
 }
 
 // plan decides the next iteration at now: decode steps first, then
-// prefill tokens shared equally up to the iteration's budget. It reports
+// prefill tokens up to the iteration's budget (orderPrefills). It reports
 // whether there is a forward to run (its rows are s.planned, its shape
 // s.fwd); refusals, trims and waits it decides are in s.fx and s.wake.
 func (s *scheduler) plan(now time.Time) bool {
