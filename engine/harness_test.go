@@ -178,6 +178,11 @@ func (w *worker) open(t testing.TB, id string, epoch uint64) *session {
 }
 
 func (s *session) close() {
+	if s.t.Failed() {
+		// A failed test may have left a forward held: end the stream now
+		// instead of waiting for the worker to end it.
+		s.cancel()
+	}
 	s.stream.CloseSend()
 	for {
 		if _, err := s.stream.Recv(); err != nil {

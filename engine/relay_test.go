@@ -63,7 +63,10 @@ func TestRelayedDeadlineWhileQueued(t *testing.T) {
 	env.WorkId = "running"
 	s.chunk(env, s.tokensTensor([]int32{1, 2}))
 	<-fb.entered
-	deadline := time.Now().Add(20 * time.Millisecond)
+	// Far enough out for the item to reach the queue on a loaded machine
+	// (one past its deadline on arrival is refused there, not queued: with
+	// 20 ms it sometimes was, and the test failed).
+	deadline := time.Now().Add(500 * time.Millisecond)
 	env = s.envelope(2, prefill, 0, 2, 0)
 	env.WorkId, env.DeadlineUnixNanos = "expires", deadline.UnixNano()
 	s.chunk(env, s.tokensTensor([]int32{3, 4}))
