@@ -293,8 +293,8 @@ func TestPlanDecodeBudgetPacking(t *testing.T) {
 // row. On a CPU the fitted line's intercept sits far above what a small
 // decode batch takes (its cost per row falls as the batch grows); pricing
 // the decode rows by the line left no prefill beside a few decoding
-// sessions, and their waiting prompts starved (PERF.md "A budget priced by
-// the margin").
+// sessions, and their waiting prompts starved (PERF.md "Where the ceiling's
+// gap lies").
 func TestPlanBudgetPricesTheMargin(t *testing.T) {
 	sc := newScript(t, Config{IterationTokens: 1, DecodeGroups: -1, DecodeQuiet: -1, PrefillIterationTokens: 32},
 		func(i *backend.Info) { i.CtxTokens = 1024 })
