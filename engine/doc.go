@@ -6,7 +6,7 @@
 //	per stream:  receive goroutine (the gRPC handler)  -> decode, validate, run the
 //	                                                      receive stages, submit work
 //	             send goroutine                        -> frame out, the only Send caller
-//	one:         scheduler goroutine                   -> owns the backend, the session
+//	one:         scheduler goroutine (driver.run)      -> owns the backend, the session
 //	                                                      store and the results cache
 //
 // Stages are joined by bounded queues: the submit queue (bounded by the
@@ -23,17 +23,20 @@
 // a decode step by more than one bounded iteration, and sessions reach
 // their first token one after another.
 //
-// The scheduler is a state with a driver, as etcd's raft is built. Its
-// state (session queues, admission against the session store, the results
-// cache, the cost model, the decode budget, the gathering rule) changes
-// only in plan(now), which decides the next iteration, and advance, which
-// takes in the forward's outcome; both record what they ask of the world
-// (replies to deliver, KV cells to trim) as effects instead of doing it.
-// The driver goroutine (run, step) takes in submitted work and control
-// operations, carries out the effects (apply), and runs the one forward
-// (forward), the only call that waits. The clock is injected, so the
-// scenarios in plan_test.go are short scripts with no goroutine, no sleep
-// and no llama.cpp.
+// The scheduler is a state with a driver, as etcd's raft is built. The
+// state (scheduler.go: session queues, admission against the session
+// store, the results cache, the cost model, the decode budget, the
+// gathering rule) holds no backend, engine or clock of its own. It changes
+// only in enqueue, the control operations, plan(now), which returns the
+// next forward to run, and advance(outcome), which takes in how that
+// forward went and its output; each records what it asks of the world
+// (replies to deliver, KV cells to trim, items that leave the queue count)
+// as effects instead of doing it. The driver (driver.go), one goroutine,
+// takes in submitted work and control operations, runs the one forward
+// (the only call that waits), carries out the effects (apply) and
+// publishes the state's figures to the metrics. The clock is injected, so
+// the scenarios in plan_test.go are short scripts with no goroutine, no
+// sleep and no llama.cpp.
 //
 // Cache semantics are checked when work is dequeued, against the session
 // store: the epoch (older: EPOCH_STALE; newer: supersedes the old state), the

@@ -3,12 +3,15 @@ package engine
 // effects are what a change of the scheduler's state asks of the world:
 // replies to deliver to streams and sequences to trim in the backend. The
 // scheduler records them as it decides; its driver carries them out
-// (scheduler.apply) before it runs the next forward, so deciding never
+// (driver.apply) before it runs the next forward, so deciding never
 // waits on I/O and a scripted test can read them instead. The slices are
 // reused: recording allocates nothing once they have grown.
 type effects struct {
 	trims      []trimOp
 	deliveries []delivery
+	// retired counts the submitted items answered, which leave the
+	// engine's queue count (Engine.queued) once their replies are out.
+	retired int
 }
 
 // trimOp removes a backend sequence's cells from pos on.
@@ -31,18 +34,5 @@ func (f *effects) deliver(st *stream, r reply, work bool) {
 // reset forgets carried-out effects, keeping the slices.
 func (f *effects) reset() {
 	clear(f.deliveries) // drop the replies' references to results
-	f.trims, f.deliveries = f.trims[:0], f.deliveries[:0]
-}
-
-// apply carries out the recorded effects: trims first (a trimmed cell
-// must be gone before any peer learns its work ended), then deliveries in
-// the order they were decided. Deliveries never block (stream.deliver).
-func (s *scheduler) apply() {
-	for _, t := range s.fx.trims {
-		s.e.be.SeqTrim(t.seq, t.pos)
-	}
-	for _, d := range s.fx.deliveries {
-		d.st.deliver(d.r, d.work)
-	}
-	s.fx.reset()
+	f.trims, f.deliveries, f.retired = f.trims[:0], f.deliveries[:0], 0
 }

@@ -64,8 +64,10 @@ type Engine struct {
 
 	obs observer
 
-	// Owned by the scheduler goroutine.
+	// Owned by the scheduler goroutine (drv.run): the state that decides
+	// and the driver that runs the backend.
 	sched scheduler
+	drv   driver
 }
 
 // New creates an engine over a loaded backend and runs the capability
@@ -105,12 +107,13 @@ func New(cfg Config, be backend.Backend, meta gguf.Meta, log *slog.Logger) *Engi
 		e.validated, e.validatedAt = true, time.Now()
 		e.state.Store(int32(shardv1.ServingState_SERVING_STATE_SERVING))
 	}
-	if err := e.sched.init(e); err != nil {
+	e.sched.init(cfg, info, pool, e.obs.on)
+	if err := e.drv.init(e); err != nil {
 		e.detail = "could not allocate the forward batch"
 		e.validated = false
 		e.state.Store(int32(shardv1.ServingState_SERVING_STATE_NOT_SERVING))
 	}
-	go e.sched.run()
+	go e.drv.run()
 	return e
 }
 
@@ -158,7 +161,7 @@ func (e *Engine) Close() {
 func (e *Engine) do(ctx context.Context, op func()) error {
 	done := make(chan struct{})
 	select {
-	case e.control <- func() { op(); e.sched.apply(); close(done) }:
+	case e.control <- func() { op(); e.drv.apply(); close(done) }:
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-e.stopped:

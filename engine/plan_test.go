@@ -13,14 +13,16 @@ import (
 )
 
 // script drives the scheduler by hand, with no goroutine, no llama.cpp and
-// no clock but its own: it submits work, asks for a plan at a time it
-// chooses, runs the planned forward on the fake backend, tells the
-// scheduler how long the forward took, and reads the replies the
-// scheduler decided. Each scenario below is a few lines of it.
+// no clock but its own: it submits work to the state, asks it for a plan
+// at a time it chooses, has the driver run the planned forward on the fake
+// backend, tells the state how long the forward took, and reads the
+// replies the state decided. Each scenario below is a few lines of it.
 type script struct {
 	t       *testing.T
 	e       *Engine
 	s       *scheduler
+	d       *driver
+	fp      forwardPlan // the last plan
 	fb      *fakeBackend
 	now     time.Time
 	streams map[string]*stream
@@ -45,13 +47,14 @@ func newScript(t *testing.T, cfg Config, edit func(*backend.Info)) *script {
 	}
 	e := &Engine{cfg: cfg.Defaults().forBackend(fb.info), be: fb, info: fb.info, pool: bufpool.Default, log: quietLog()}
 	e.initObserver(nil, nil)
-	sc := &script{t: t, e: e, s: &e.sched, fb: fb, now: time.Unix(1_000_000, 0), streams: map[string]*stream{}, next: map[string]*progress{}}
+	sc := &script{t: t, e: e, s: &e.sched, d: &e.drv, fb: fb, now: time.Unix(1_000_000, 0), streams: map[string]*stream{}, next: map[string]*progress{}}
 	sc.s.clock = func() time.Time { return sc.now }
-	if err := sc.s.init(e); err != nil {
+	sc.s.init(e.cfg, e.info, e.pool, e.obs.on)
+	if err := sc.d.init(e); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		sc.s.shutdown()
+		sc.d.shutdown()
 		for _, st := range sc.streams {
 			st.close()
 		}
@@ -102,8 +105,9 @@ func (sc *script) submit(id string, n int) {
 // scheduler's wake time), or "idle".
 func (sc *script) plan() string {
 	sc.s.wake = time.Time{}
-	run := sc.s.plan(sc.now)
-	sc.s.apply()
+	fp, run := sc.s.plan(sc.now)
+	sc.d.apply()
+	sc.fp = fp
 	if !run {
 		if !sc.s.wake.IsZero() {
 			return fmt.Sprintf("wait %v", sc.s.wake.Sub(sc.now))
@@ -111,7 +115,7 @@ func (sc *script) plan() string {
 		return "idle"
 	}
 	var parts []string
-	for _, p := range sc.s.planned {
+	for _, p := range fp.items {
 		kind := "p"
 		if p.w.mode == shardv1.CacheMode_CACHE_MODE_DECODE {
 			kind = "d"
@@ -132,12 +136,12 @@ const (
 // if it took took (0: the script's cost line); the clock moves on by it.
 func (sc *script) run(took time.Duration) {
 	if took == 0 {
-		took = costBase + time.Duration(sc.s.fwd.rows)*costRow
+		took = costBase + time.Duration(sc.fp.rows)*costRow
 	}
-	_, err := sc.s.forward()
+	_, err := sc.d.forward(sc.fp)
 	sc.now = sc.now.Add(took)
-	sc.s.advance(took, err)
-	sc.s.apply()
+	sc.s.advance(forwardOutcome{took: took, err: err, out: &sc.d.out})
+	sc.d.apply()
 }
 
 // step plans and, when there is a forward, runs it taking took (0: the
@@ -374,21 +378,21 @@ func TestPlanPreemption(t *testing.T) {
 	sc := newScript(t, Config{PrefillIterationTokens: 8, DecodeQuiet: -1}, nil)
 	sc.submit("p", 20)
 	sc.expect("first", sc.plan(), "p:p8")
-	if !sc.s.fwd.preemptible {
+	if !sc.fp.preemptible {
 		t.Fatal("a prefill-only iteration is not preemptible")
 	}
-	sc.s.advance(time.Millisecond, backend.ErrPreempted)
-	if len(sc.s.fx.trims) != 1 || sc.s.fx.trims[0] != (trimOp{seq: sc.s.planned[0].w.seq, pos: 0}) {
+	sc.s.advance(forwardOutcome{took: time.Millisecond, err: backend.ErrPreempted})
+	if len(sc.s.fx.trims) != 1 || sc.s.fx.trims[0] != (trimOp{seq: sc.fp.items[0].w.seq, pos: 0}) {
 		t.Fatalf("rewind trims %v", sc.s.fx.trims)
 	}
-	sc.s.apply()
+	sc.d.apply()
 	sc.expect("again", sc.plan(), "p:p8")
-	if sc.s.fwd.preemptible {
+	if sc.fp.preemptible {
 		t.Fatal("the iteration after a preempted one is preemptible")
 	}
 	sc.run(time.Millisecond)
 	sc.expect("then", sc.plan(), "p:p8")
-	if !sc.s.fwd.preemptible {
+	if !sc.fp.preemptible {
 		t.Fatal("preemption did not come back after an iteration ran to its end")
 	}
 }
@@ -455,7 +459,7 @@ func TestPlanCancelAndDuplicate(t *testing.T) {
 	if n := sc.s.cancel("a", 1, ""); n != 1 {
 		t.Fatalf("cancelled %d", n)
 	}
-	sc.s.apply()
+	sc.d.apply()
 	sc.expect("cancelled", sc.replies("a"), "CANCELLED 2")
 	// Step 1 again (a retry after a lost connection).
 	p := sc.next["a"]

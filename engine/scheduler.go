@@ -3,11 +3,11 @@ package engine
 import (
 	"cmp"
 	"errors"
-	"math"
 	"slices"
 	"time"
 
 	"github.com/meshnet/shardd/backend"
+	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/lru"
 	"github.com/meshnet/shardd/internal/wireerr"
@@ -15,10 +15,19 @@ import (
 	"github.com/meshnet/shardd/stages/dtype"
 )
 
-// scheduler owns the backend, the session store and the results cache. All
-// of its fields belong to its goroutine (run).
+// scheduler is the state that decides what the backend runs: the session
+// queues, admission against the session store, the results cache, the cost
+// model, the decode budget and the gathering rule. It holds no backend, no
+// engine and no clock of its own: plan and advance change it and record
+// what they ask of the world in fx, which its driver (driver.go) carries
+// out. All of its fields belong to the driver's goroutine.
 type scheduler struct {
-	e       *Engine
+	cfg  Config
+	info backend.Info
+	pool *bufpool.Pool
+	// timing: completed results carry their completion time (tracing on).
+	timing bool
+
 	store   *kvcache.Store
 	results *lru.Cache[resultKey, *result]
 	queues  map[string]*sessQueue // route session id -> its work, in order
@@ -26,8 +35,6 @@ type scheduler struct {
 	rr      int
 	pending int
 
-	batch   backend.Batch
-	out     backend.Output
 	planned []planned
 	scratch int   // the sequence kept for STATELESS work
 	owner   *work // the STATELESS item holding scratch
@@ -53,6 +60,8 @@ type scheduler struct {
 	// dueWaits counts prefill-only iterations not started because a decode
 	// step was due before even one prefill token would have finished.
 	dueWaits int64
+	// preemptions counts prefill-only iterations a decode step stopped.
+	preemptions int64
 	// prefillTurn alternates decode steps and prefill chunks in the
 	// deterministic mode while both wait.
 	prefillTurn bool
@@ -73,8 +82,9 @@ type scheduler struct {
 	fwd forwardPlan
 }
 
-// forwardPlan is a planned forward: its rows are s.planned.
+// forwardPlan is a planned forward: items are its rows, by work item.
 type forwardPlan struct {
+	items   []planned // s.planned, valid until the next plan
 	rows    int
 	decodes int           // sessions whose decode step the iteration took in
 	limit   time.Duration // the iteration's time budget (0: none)
@@ -93,117 +103,27 @@ type planned struct {
 	from, n int
 }
 
-func (s *scheduler) init(e *Engine) error {
-	s.e = e
+// init makes the state for a backend described by info under cfg (with
+// its defaults applied); output buffers come from pool.
+func (s *scheduler) init(cfg Config, info backend.Info, pool *bufpool.Pool, timing bool) {
+	s.cfg, s.info, s.pool, s.timing = cfg, info, pool, timing
 	if s.clock == nil {
 		s.clock = time.Now
 	}
-	s.scratch = e.info.MaxSeqs - 1
+	s.scratch = info.MaxSeqs - 1
 	s.store = kvcache.New(kvcache.Config{
-		MaxSessions: e.cfg.MaxSessions,
-		MaxTokens:   e.info.CtxTokens,
-		TTL:         e.cfg.SessionTTL,
-		EvictGrace:  max(e.cfg.EvictGrace, 0),
+		MaxSessions: cfg.MaxSessions,
+		MaxTokens:   info.CtxTokens,
+		TTL:         cfg.SessionTTL,
+		EvictGrace:  max(cfg.EvictGrace, 0),
 		OnDrop:      s.dropResults,
 	}, func(seq int) { s.fx.trim(seq, 0) }, s.now)
-	s.results = newResultsCache(e.cfg.ResultsCacheBytes)
+	s.results = newResultsCache(cfg.ResultsCacheBytes)
 	s.queues = map[string]*sessQueue{}
-	b, err := e.be.NewBatch()
-	s.batch = b
-	return err
-}
-
-func (s *scheduler) run() {
-	e := s.e
-	defer close(e.stopped)
-	sweep := time.NewTicker(time.Second)
-	defer sweep.Stop()
-	hold := time.NewTimer(time.Hour)
-	hold.Stop()
-	for {
-		if s.pending == 0 || !s.wake.IsZero() {
-			var woke <-chan time.Time
-			if !s.wake.IsZero() {
-				hold.Reset(time.Until(s.wake))
-				woke = hold.C
-			}
-			select {
-			case w := <-e.submitQ:
-				s.enqueue(w)
-			case op := <-e.control:
-				s.runOp(op)
-			case <-sweep.C:
-				s.sweep()
-			case <-woke:
-			case <-e.stop:
-				s.shutdown()
-				return
-			}
-			hold.Stop()
-			s.wake = time.Time{}
-		}
-		// Take everything else that is ready without waiting. (Go has no
-		// conditional default, hence the second select.)
-		for more := true; more; {
-			select {
-			case w := <-e.submitQ:
-				s.enqueue(w)
-			case op := <-e.control:
-				s.runOp(op)
-			case <-sweep.C:
-				s.sweep()
-			case <-e.stop:
-				s.shutdown()
-				return
-			default:
-				more = false
-			}
-		}
-		if s.pending > 0 && s.batch != nil {
-			s.step()
-		}
-	}
 }
 
 // now is the scheduler's clock.
 func (s *scheduler) now() time.Time { return s.clock() }
-
-// step plans one iteration and, when it has rows, runs the forward and
-// advances the state by its outcome; the effects of each are carried out
-// in between.
-func (s *scheduler) step() {
-	run := s.plan(s.now())
-	s.apply()
-	if !run {
-		return
-	}
-	took, err := s.forward()
-	s.advance(took, err)
-	s.apply()
-}
-
-// sweep evicts expired sessions and publishes the store's figures.
-func (s *scheduler) sweep() {
-	s.store.Sweep()
-	s.publish(0)
-	s.apply()
-}
-
-// runOp runs a control operation (cancel, release, a query) after taking in
-// all submitted work, so the operation sees every item submitted before it.
-func (s *scheduler) runOp(op func()) {
-	for {
-		select {
-		case w := <-s.e.submitQ:
-			s.enqueue(w)
-			continue
-		default:
-		}
-		break
-	}
-	op()
-	s.apply()
-}
 
 // decodeAnchorEvery: one decode iteration in this many runs without
 // prefill rows, so the decode budget's anchor stays measured.
@@ -213,7 +133,7 @@ const decodeAnchorEvery = 32
 // while it cannot be known yet, or with no time budget): the set budget,
 // or 1.5x the decode rows' own time (decodeTime).
 func (s *scheduler) decodeBudget(rows int) time.Duration {
-	if b := s.e.cfg.DecodeBudget; b != 0 {
+	if b := s.cfg.DecodeBudget; b != 0 {
 		return max(b, 0)
 	}
 	if !s.decodeOnly.t.ok {
@@ -295,7 +215,7 @@ func (s *scheduler) unpin(w *work) {
 // place in the queue count go.
 func (s *scheduler) retire(w *work) {
 	s.unpin(w)
-	s.e.queued.Add(-1)
+	s.fx.retired++
 }
 
 // pop removes q's head (finished or refused).
@@ -309,11 +229,11 @@ func (s *scheduler) pop(q *sessQueue) {
 }
 
 // plan decides the next iteration at now: decode steps first, then
-// prefill tokens up to the iteration's budget (orderPrefills). It reports
-// whether there is a forward to run (its rows are s.planned, its shape
-// s.fwd); refusals, trims and waits it decides are in s.fx and s.wake.
-func (s *scheduler) plan(now time.Time) bool {
-	e := s.e
+// prefill tokens up to the iteration's budget (orderPrefills). It returns
+// the forward to run, if any; refusals and trims it decides are in s.fx,
+// and a time to plan again at (a hold) in s.wake.
+func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
+	cfg, info := &s.cfg, &s.info
 	// Admit each session's head; refused heads are answered and dropped.
 	var decodes, prefills []*sessQueue
 	for i := 0; i < len(s.ring); i++ {
@@ -337,13 +257,13 @@ func (s *scheduler) plan(now time.Time) bool {
 		}
 	}
 	if len(decodes) > 0 {
-		decoding := s.gather.decoding(now, e.cfg.DecodeQuiet)
-		if wait := s.gather.hold(now, len(decodes), decoding, e.cfg.DecodeGroups, e.cfg.GatherWindow, s.cost.predict); wait > 0 {
+		decoding := s.gather.decoding(now, cfg.DecodeQuiet)
+		if wait := s.gather.hold(now, len(decodes), decoding, cfg.DecodeGroups, cfg.GatherWindow, s.cost.predict); wait > 0 {
 			s.wake = now.Add(wait)
-			return false
+			return forwardPlan{}, false
 		}
 	}
-	budget := e.cfg.PrefillIterationTokens
+	budget := cfg.PrefillIterationTokens
 	var limit time.Duration // the iteration's time budget, when it has one
 	switch {
 	case len(decodes) > 0:
@@ -353,17 +273,17 @@ func (s *scheduler) plan(now time.Time) bool {
 		}
 		s.lastDecode, s.lastDecodeRows = now, rows
 		limit = s.decodeBudget(rows)
-		budget = rows + max(e.cfg.IterationTokens-rows, s.prefillBeside(rows, limit))
-		if s.sinceDecodeOnly >= decodeAnchorEvery && e.cfg.DecodeBudget == 0 {
+		budget = rows + max(cfg.IterationTokens-rows, s.prefillBeside(rows, limit))
+		if s.sinceDecodeOnly >= decodeAnchorEvery && cfg.DecodeBudget == 0 {
 			budget = rows // measure the decode rows alone now and then
 		}
-	case now.Sub(s.lastDecode) < e.cfg.DecodeQuiet:
+	case now.Sub(s.lastDecode) < cfg.DecodeQuiet:
 		// A decode step is likely on its way: give prefill no more than it
 		// would get beside it, and no more than ends before the step is
 		// due. When not even one token would, wait for the step: it then
 		// runs at once, with prefill tokens beside it.
-		budget = max(e.cfg.IterationTokens, s.prefillBeside(s.lastDecodeRows, s.decodeBudget(s.lastDecodeRows)))
-		if due, ok := s.gather.due(now); ok && e.cfg.DecodeBudget >= 0 {
+		budget = max(cfg.IterationTokens, s.prefillBeside(s.lastDecodeRows, s.decodeBudget(s.lastDecodeRows)))
+		if due, ok := s.gather.due(now); ok && cfg.DecodeBudget >= 0 {
 			if _, ready := s.cost.predict(1); ready {
 				n := s.cost.fit(0, due.Sub(now))
 				if n == 0 {
@@ -372,14 +292,14 @@ func (s *scheduler) plan(now time.Time) bool {
 					}
 					s.wake = due.Add(dueSlack)
 					s.dueWaits++
-					return false
+					return forwardPlan{}, false
 				}
 				budget = min(budget, n)
 			}
 		}
 	}
-	budget = min(budget, e.info.MaxBatch)
-	if e.cfg.Deterministic {
+	budget = min(budget, info.MaxBatch)
+	if cfg.Deterministic {
 		// One session's unit of work per forward, whole, round robin over
 		// sessions: decode steps and prefill chunks take turns while both
 		// wait, so neither starves the other. Its rows then meet the same
@@ -400,7 +320,7 @@ func (s *scheduler) plan(now time.Time) bool {
 		}
 		s.rr++
 		if w != nil {
-			budget = min(w.tokens-w.done, e.info.MaxBatch)
+			budget = min(w.tokens-w.done, info.MaxBatch)
 		}
 	}
 
@@ -409,7 +329,7 @@ func (s *scheduler) plan(now time.Time) bool {
 	for _, q := range decodes {
 		w := q.items[0]
 		n := w.tokens - w.done
-		if rows+n > e.info.MaxBatch || (rows > 0 && rows+n > max(budget, len(decodes))) {
+		if rows+n > info.MaxBatch || (rows > 0 && rows+n > max(budget, len(decodes))) {
 			continue
 		}
 		s.planned = append(s.planned, planned{w: w, from: w.done, n: n})
@@ -431,7 +351,7 @@ func (s *scheduler) plan(now time.Time) bool {
 		}
 	}
 	if rows == 0 {
-		return false
+		return forwardPlan{}, false
 	}
 	for _, p := range s.planned {
 		if p.w.started.IsZero() {
@@ -446,8 +366,16 @@ func (s *scheduler) plan(now time.Time) bool {
 	// iteration, and prompts would never finish while the CPU stays busy
 	// (measured: half of all forwards preempted, TTFT 3.5 s, PERF.md
 	// "Batches that form").
-	s.fwd = forwardPlan{rows: rows, decodes: len(decodes), limit: limit, preemptible: len(decodes) == 0 && !s.preempted}
-	return true
+	s.fwd = forwardPlan{items: s.planned, rows: rows, decodes: len(decodes), limit: limit, preemptible: len(decodes) == 0 && !s.preempted}
+	return s.fwd, true
+}
+
+// forwardOutcome is what became of a planned forward: how long it took, its
+// error, and the backend's output for its rows (read by advance only).
+type forwardOutcome struct {
+	took time.Duration
+	err  error
+	out  *backend.Output
 }
 
 // prefillPatience: a prefill chunk queued for longer than this goes ahead
@@ -483,32 +411,11 @@ func orderPrefills(prefills []*sessQueue, now time.Time) {
 	})
 }
 
-// forward fills the batch with the planned rows and runs it: the
-// driver's part, the only one that waits on the backend.
-func (s *scheduler) forward() (time.Duration, error) {
-	e := s.e
-	s.batch.Reset()
-	for _, p := range s.planned {
-		if err := s.fill(p); err != nil {
-			return 0, err
-		}
-	}
-	var err error
-	start := time.Now()
-	if pb, ok := e.be.(backend.Preemptible); ok && s.fwd.preemptible {
-		err = pb.ForwardPreemptible(s.batch, &s.out)
-	} else {
-		err = e.be.Forward(s.batch, &s.out)
-	}
-	took := time.Since(start)
-	e.statBusy.Add(int64(took))
-	return took, err
-}
-
 // advance takes in the outcome of the planned forward: the cost model,
 // then the rows' outputs (or a rewind after a preemption, or the failure).
-func (s *scheduler) advance(took time.Duration, err error) {
-	e, run := s.e, s.fwd
+// The items it completes or fails are answered in s.fx.
+func (s *scheduler) advance(o forwardOutcome) {
+	run, took, err := s.fwd, o.took, o.err
 	if err == nil {
 		if run.rows <= costMaxRows {
 			s.cost.add(run.rows, took)
@@ -528,11 +435,10 @@ func (s *scheduler) advance(took time.Duration, err error) {
 			}
 		}
 	}
-	s.publish(run.rows)
 	switch {
 	case errors.Is(err, backend.ErrPreempted):
 		s.rewindPlanned()
-		e.preemptions.Add(1)
+		s.preemptions++
 		s.preempted = true
 		return
 	case err != nil:
@@ -542,7 +448,7 @@ func (s *scheduler) advance(took time.Duration, err error) {
 	if run.decodes == 0 {
 		s.preempted = false // a prefill-only iteration ran to its end
 	}
-	s.distribute()
+	s.distribute(o.out)
 }
 
 // rewindPlanned undoes a preempted iteration: every planned item goes back
@@ -553,40 +459,16 @@ func (s *scheduler) rewindPlanned() {
 	}
 }
 
-// fill adds planned rows [p.from, p.from+p.n) of p.w to the batch.
-func (s *scheduler) fill(p planned) error {
-	info := s.e.info
-	h := info.Hidden
-	w := p.w
-	for r := p.from; r < p.from+p.n; r++ {
-		pos := w.first + r
-		out := info.LogitsOut && w.rowWantsOutput(r)
-		var err error
-		switch {
-		case info.TokensIn:
-			err = s.batch.AddToken(w.seq, pos, w.tokenIDs[r], out)
-		case w.hiddenF:
-			err = s.batch.AddHiddenF32(w.seq, pos, f32s(w.hiddenB[4*r*h:4*(r+1)*h]), out)
-		default:
-			err = s.batch.AddHiddenBF16(w.seq, pos, w.hiddenB[2*r*h:2*(r+1)*h], out)
-		}
-		if err != nil {
-			return err // inputs were validated and plan keeps to MaxBatch: a bug
-		}
-	}
-	return nil
-}
-
-// distribute copies each planned item's outputs and completes finished items.
-func (s *scheduler) distribute() {
-	e := s.e
-	info := e.info
+// distribute copies each planned item's outputs from out and completes
+// finished items.
+func (s *scheduler) distribute(out *backend.Output) {
+	info := &s.info
 	h, vocab := info.Hidden, info.Vocab
 	row, logitRow := 0, 0
 	for _, p := range s.planned {
 		w := p.w
 		if w.out == nil {
-			w.out = e.pool.Alloc(s.outBytes(w))
+			w.out = s.pool.Alloc(s.outBytes(w))
 			w.out.Truncate(0)
 		}
 		buf := w.out.Bytes()
@@ -597,12 +479,12 @@ func (s *scheduler) distribute() {
 					nOut++
 				}
 			}
-			buf = dtype.AppendF32Bytes(buf, s.out.Logits[logitRow*vocab:(logitRow+nOut)*vocab])
+			buf = dtype.AppendF32Bytes(buf, out.Logits[logitRow*vocab:(logitRow+nOut)*vocab])
 			logitRow += nOut
 			w.outRows += nOut
 		} else {
-			rows := s.out.Hidden[row*h : (row+p.n)*h]
-			if e.cfg.Boundary == shardv1.DType_DTYPE_FLOAT32 {
+			rows := out.Hidden[row*h : (row+p.n)*h]
+			if s.cfg.Boundary == shardv1.DType_DTYPE_FLOAT32 {
 				buf = dtype.AppendF32Bytes(buf, rows)
 			} else {
 				buf = dtype.AppendF32ToBF16(buf, rows)
@@ -620,16 +502,14 @@ func (s *scheduler) distribute() {
 
 // outBytes is the size of w's whole output.
 func (s *scheduler) outBytes(w *work) int {
-	info := s.e.info
-	if info.LogitsOut {
-		return 4 * w.outputRows() * info.Vocab
+	if s.info.LogitsOut {
+		return 4 * w.outputRows() * s.info.Vocab
 	}
-	return dtype.Size(s.e.cfg.Boundary) * w.tokens * info.Hidden
+	return dtype.Size(s.cfg.Boundary) * w.tokens * s.info.Hidden
 }
 
 // complete records a finished item and sends its result.
 func (s *scheduler) complete(w *work) {
-	e := s.e
 	now := s.now()
 	w.releaseInput()
 	r := &result{
@@ -638,15 +518,15 @@ func (s *scheduler) complete(w *work) {
 		body: w.out, outPos: w.outPos, execNanos: uint64(now.Sub(w.started)), cacheHit: w.hit,
 		tm: w.tm, bytesIn: w.bytesIn,
 	}
-	if e.obs.on {
+	if s.timing {
 		r.tm.completed = now
 	}
 	w.out = nil
-	if e.info.LogitsOut {
-		r.name, r.dtype, r.shape = nameLogits, shardv1.DType_DTYPE_FLOAT32, [2]int64{int64(w.outRows), int64(e.info.Vocab)}
+	if s.info.LogitsOut {
+		r.name, r.dtype, r.shape = nameLogits, shardv1.DType_DTYPE_FLOAT32, [2]int64{int64(w.outRows), int64(s.info.Vocab)}
 		r.outPos = nil
 	} else {
-		r.name, r.dtype, r.shape = nameHidden, e.cfg.Boundary, [2]int64{int64(w.tokens), int64(e.info.Hidden)}
+		r.name, r.dtype, r.shape = nameHidden, s.cfg.Boundary, [2]int64{int64(w.tokens), int64(s.info.Hidden)}
 	}
 	if w.mode == shardv1.CacheMode_CACHE_MODE_STATELESS {
 		s.fx.trim(s.scratch, 0)
@@ -679,7 +559,7 @@ func (s *scheduler) complete(w *work) {
 // (for a last hop, 4 x vocab bytes) every step.
 func (s *scheduler) keepRecent(sess *kvcache.Session, ref kvcache.StepRef) {
 	sess.Results = append(sess.Results, ref)
-	keep := int(s.e.cfg.MaxInflightChunks) // at least 1 (Config.Defaults)
+	keep := int(s.cfg.MaxInflightChunks) // at least 1 (Config.Defaults)
 	if extra := len(sess.Results) - keep; extra > 0 {
 		for _, old := range sess.Results[:extra] {
 			if r, ok := s.results.Remove(resultKey{sess.ID, old.Epoch, old.Step}); ok {
@@ -715,7 +595,6 @@ func (s *scheduler) finish(w *work) {
 // failPlanned answers every planned item with err after a failed forward and
 // rewinds the sessions to where each item began.
 func (s *scheduler) failPlanned(err error) {
-	s.e.log.Error("forward failed", "rows", s.batch.Len(), "err", err)
 	werr := wireerr.Wrap(ErrForward, err)
 	if errors.Is(err, backend.ErrKVFull) {
 		werr = ErrKVFull
@@ -911,43 +790,16 @@ func (s *scheduler) dropQueue(q *sessQueue) {
 func (s *scheduler) release(id string, epoch uint64) (bool, error) {
 	s.cancel(id, epoch, "")
 	s.gather.forget(id)
-	released, err := s.store.Release(id, epoch)
-	s.publish(0)
-	return released, err
+	return s.store.Release(id, epoch)
 }
 
-func (s *scheduler) publish(rows int) {
-	e := s.e
-	if rows > 0 {
-		e.statOccupancy.Store(int32(rows))
-	}
-	e.statSessions.Store(int32(s.store.Len()))
-	e.statEvictions.Store(int64(s.store.Evictions))
-	e.statPressure.Store(math.Float64bits(s.store.Pressure()))
-	e.statResults.Store(s.results.Cost())
-	e.statBudgetRuns.Store(s.budgetRuns)
-	e.statBudgetHits.Store(s.budgetHits)
-	e.statDueWaits.Store(s.dueWaits)
-	if base, perRow, ok := s.cost.coef(); ok {
-		e.statCostBase.Store(math.Float64bits(base))
-		e.statCostRow.Store(math.Float64bits(perRow))
-	}
-	if rows > 0 {
-		e.obs.recordOccupancy(rows)
-	}
-}
-
-// shutdown answers everything still queued with CANCELLED and frees state.
+// shutdown answers everything still queued with CANCELLED and frees the
+// cached results.
 func (s *scheduler) shutdown() {
 	for len(s.ring) > 0 {
 		q := s.ring[0]
 		s.cancel(q.id, 0, "")
 	}
-	s.apply()
 	for s.results.EvictOldest() {
-	}
-	if s.batch != nil {
-		s.e.be.FreeBatch(s.batch)
-		s.batch = nil
 	}
 }

@@ -1,0 +1,224 @@
+package engine
+
+import (
+	"errors"
+	"math"
+	"time"
+
+	"github.com/meshnet/shardd/backend"
+)
+
+// driver is the scheduler's goroutine: the only part of the engine that
+// touches the backend. It takes submitted work and control operations into
+// the scheduler's state, asks the state for a plan, runs the planned
+// forward, hands the outcome back, and carries out the effects each change
+// of state recorded (apply): trims in the backend, replies to streams, the
+// queue count, the published figures. The state (scheduler) holds none of
+// these; it decides, the driver does.
+type driver struct {
+	e     *Engine
+	s     *scheduler
+	be    backend.Backend
+	batch backend.Batch
+	out   backend.Output
+}
+
+// init allocates the forward batch.
+func (d *driver) init(e *Engine) error {
+	d.e, d.s, d.be = e, &e.sched, e.be
+	b, err := d.be.NewBatch()
+	d.batch = b
+	return err
+}
+
+func (d *driver) run() {
+	e, s := d.e, d.s
+	defer close(e.stopped)
+	sweep := time.NewTicker(time.Second)
+	defer sweep.Stop()
+	hold := time.NewTimer(time.Hour)
+	hold.Stop()
+	for {
+		if s.pending == 0 || !s.wake.IsZero() {
+			var woke <-chan time.Time
+			if !s.wake.IsZero() {
+				hold.Reset(time.Until(s.wake))
+				woke = hold.C
+			}
+			select {
+			case w := <-e.submitQ:
+				s.enqueue(w)
+			case op := <-e.control:
+				d.runOp(op)
+			case <-sweep.C:
+				d.sweep()
+			case <-woke:
+			case <-e.stop:
+				d.shutdown()
+				return
+			}
+			hold.Stop()
+			s.wake = time.Time{}
+		}
+		// Take everything else that is ready without waiting. (Go has no
+		// conditional default, hence the second select.)
+		for more := true; more; {
+			select {
+			case w := <-e.submitQ:
+				s.enqueue(w)
+			case op := <-e.control:
+				d.runOp(op)
+			case <-sweep.C:
+				d.sweep()
+			case <-e.stop:
+				d.shutdown()
+				return
+			default:
+				more = false
+			}
+		}
+		if s.pending > 0 && d.batch != nil {
+			d.step()
+		}
+	}
+}
+
+// step asks the state for one iteration and, when it has rows, runs the
+// forward and hands its outcome back; the effects of each are carried out
+// in between.
+func (d *driver) step() {
+	fp, run := d.s.plan(d.s.now())
+	d.apply()
+	if !run {
+		return
+	}
+	took, err := d.forward(fp)
+	d.s.advance(forwardOutcome{took: took, err: err, out: &d.out})
+	if err != nil && !errors.Is(err, backend.ErrPreempted) {
+		d.e.log.Error("forward failed", "rows", fp.rows, "err", err)
+	}
+	d.apply()
+	d.publish(fp.rows)
+}
+
+// sweep evicts expired sessions and publishes the store's figures.
+func (d *driver) sweep() {
+	d.s.store.Sweep()
+	d.apply()
+	d.publish(0)
+}
+
+// runOp runs a control operation (cancel, release, a query) after taking in
+// all submitted work, so the operation sees every item submitted before it.
+func (d *driver) runOp(op func()) {
+	for {
+		select {
+		case w := <-d.e.submitQ:
+			d.s.enqueue(w)
+			continue
+		default:
+		}
+		break
+	}
+	op()
+	d.apply()
+	d.publish(0)
+}
+
+// forward fills the batch with the planned rows and runs it: the only call
+// that waits on the backend.
+func (d *driver) forward(fp forwardPlan) (time.Duration, error) {
+	d.batch.Reset()
+	for _, p := range fp.items {
+		if err := d.fill(p); err != nil {
+			return 0, err
+		}
+	}
+	var err error
+	start := time.Now()
+	if pb, ok := d.be.(backend.Preemptible); ok && fp.preemptible {
+		err = pb.ForwardPreemptible(d.batch, &d.out)
+	} else {
+		err = d.be.Forward(d.batch, &d.out)
+	}
+	took := time.Since(start)
+	d.e.statBusy.Add(int64(took))
+	return took, err
+}
+
+// fill adds planned rows [p.from, p.from+p.n) of p.w to the batch.
+func (d *driver) fill(p planned) error {
+	info := d.e.info
+	h := info.Hidden
+	w := p.w
+	for r := p.from; r < p.from+p.n; r++ {
+		pos := w.first + r
+		out := info.LogitsOut && w.rowWantsOutput(r)
+		var err error
+		switch {
+		case info.TokensIn:
+			err = d.batch.AddToken(w.seq, pos, w.tokenIDs[r], out)
+		case w.hiddenF:
+			err = d.batch.AddHiddenF32(w.seq, pos, f32s(w.hiddenB[4*r*h:4*(r+1)*h]), out)
+		default:
+			err = d.batch.AddHiddenBF16(w.seq, pos, w.hiddenB[2*r*h:2*(r+1)*h], out)
+		}
+		if err != nil {
+			return err // inputs were validated and plan keeps to MaxBatch: a bug
+		}
+	}
+	return nil
+}
+
+// apply carries out the recorded effects: trims first (a trimmed cell
+// must be gone before any peer learns its work ended), then deliveries in
+// the order they were decided, then the queue count of the items they
+// ended (so Drain sees an empty queue only once every reply is handed
+// over). Deliveries never block (stream.deliver).
+func (d *driver) apply() {
+	fx := &d.s.fx
+	for _, t := range fx.trims {
+		d.be.SeqTrim(t.seq, t.pos)
+	}
+	for _, dl := range fx.deliveries {
+		dl.st.deliver(dl.r, dl.work)
+	}
+	if fx.retired > 0 {
+		d.e.queued.Add(-int32(fx.retired))
+	}
+	fx.reset()
+}
+
+// publish copies the state's figures to the engine's atomics, which
+// Health and the metrics read; rows is the forward just run (0: none).
+func (d *driver) publish(rows int) {
+	e, s := d.e, d.s
+	if rows > 0 {
+		e.statOccupancy.Store(int32(rows))
+		e.obs.recordOccupancy(rows)
+	}
+	e.statSessions.Store(int32(s.store.Len()))
+	e.statEvictions.Store(int64(s.store.Evictions))
+	e.statPressure.Store(math.Float64bits(s.store.Pressure()))
+	e.statResults.Store(s.results.Cost())
+	e.statBudgetRuns.Store(s.budgetRuns)
+	e.statBudgetHits.Store(s.budgetHits)
+	e.statDueWaits.Store(s.dueWaits)
+	e.preemptions.Store(s.preemptions)
+	if base, perRow, ok := s.cost.coef(); ok {
+		e.statCostBase.Store(math.Float64bits(base))
+		e.statCostRow.Store(math.Float64bits(perRow))
+	}
+}
+
+// shutdown answers everything still queued with CANCELLED, frees the
+// state's results and the batch.
+func (d *driver) shutdown() {
+	d.s.shutdown()
+	d.apply()
+	d.publish(0)
+	if d.batch != nil {
+		d.be.FreeBatch(d.batch)
+		d.batch = nil
+	}
+}
