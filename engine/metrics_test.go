@@ -82,7 +82,7 @@ func TestRecorderQueueFullDrops(t *testing.T) {
 	o.on = true
 	o.records = make(chan stepRecord, 1)
 	st := &stream{e: e, ctx: context.Background()}
-	r := &result{workID: "w", session: "s", step: 7}
+	r := newResult(resultFields{workID: "w", session: "s", step: 7})
 	st.recordStep(r, time.Now())
 	st.recordStep(r, time.Now()) // queue full: dropped, not blocked
 	if got := o.dropped.Load(); got != 1 {

@@ -1,14 +1,35 @@
 package engine
 
 import (
+	"sync"
+	"sync/atomic"
+
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 )
 
 // result is a completed step's output and acknowledgement. It is shared by
-// the results cache and the stream sending it; body is reference counted
-// (one reference per holder), the rest is immutable once made.
+// the results cache and the stream sending it, and reference counted (one
+// reference per holder; newResult gives the first): the last release
+// returns its body to the buffer pool and the result itself to
+// resultPool, so a decode step allocates no result. Its fields are
+// immutable once made.
 type result struct {
+	refs atomic.Int32
+	resultFields
+}
+
+var resultPool = sync.Pool{New: func() any { return new(result) }}
+
+// newResult returns a result holding f, with one reference.
+func newResult(f resultFields) *result {
+	r := resultPool.Get().(*result)
+	r.resultFields = f
+	r.refs.Store(1)
+	return r
+}
+
+type resultFields struct {
 	workID   string
 	session  string
 	step     uint64
@@ -43,15 +64,23 @@ func (r *result) cost() int64 {
 
 // ref takes a reference for another holder.
 func (r *result) ref() *result {
-	if r.body != nil {
-		r.body.Ref()
-	}
+	r.refs.Add(1)
 	return r
 }
 
-// release drops one holder's reference.
+// release drops one holder's reference; the last one frees the result.
+// Releasing more often than referenced would hand a result still in use
+// to another step, so it stops the process instead.
 func (r *result) release() {
+	switch n := r.refs.Add(-1); {
+	case n > 0:
+		return
+	case n < 0:
+		panic("engine: result released more often than referenced")
+	}
 	if r.body != nil {
 		r.body.Release()
 	}
+	r.resultFields = resultFields{}
+	resultPool.Put(r)
 }

@@ -32,8 +32,13 @@ type scheduler struct {
 	results *lru.Cache[resultKey, *result]
 	queues  map[string]*sessQueue // route session id -> its work, in order
 	ring    []*sessQueue          // sessions with work, for round robin
-	rr      int
-	pending int
+	// spare are emptied queues kept for the next session with work, and
+	// decodes and prefills plan's lists, kept between plans: a decode step
+	// allocates nothing here (TestPlanDecodeStepAllocs).
+	spare             []*sessQueue
+	decodes, prefills []*sessQueue
+	rr                int
+	pending           int
 
 	planned []planned
 	scratch int   // the sequence kept for STATELESS work
@@ -176,7 +181,12 @@ func (s *scheduler) prefillBeside(rows int, limit time.Duration) int {
 func (s *scheduler) enqueue(w *work) {
 	q := s.queues[w.st.id]
 	if q == nil {
-		q = &sessQueue{id: w.st.id}
+		if n := len(s.spare); n > 0 {
+			q, s.spare = s.spare[n-1], s.spare[:n-1]
+		} else {
+			q = new(sessQueue)
+		}
+		q.id = w.st.id
 		s.queues[w.st.id] = q
 	}
 	if len(q.items) == 0 {
@@ -218,10 +228,12 @@ func (s *scheduler) retire(w *work) {
 	s.fx.retired++
 }
 
-// pop removes q's head (finished or refused).
+// pop removes q's head (finished or refused). The rest move up, so the
+// queue keeps its array (it holds a few items: the stream's credits).
 func (s *scheduler) pop(q *sessQueue) {
-	q.items[0] = nil
-	q.items = q.items[1:]
+	n := copy(q.items, q.items[1:])
+	q.items[n] = nil
+	q.items = q.items[:n]
 	s.pending--
 	if len(q.items) == 0 {
 		s.dropQueue(q)
@@ -235,7 +247,7 @@ func (s *scheduler) pop(q *sessQueue) {
 func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
 	cfg, info := &s.cfg, &s.info
 	// Admit each session's head; refused heads are answered and dropped.
-	var decodes, prefills []*sessQueue
+	decodes, prefills := s.decodes[:0], s.prefills[:0]
 	for i := 0; i < len(s.ring); i++ {
 		q := s.ring[i]
 		for len(q.items) > 0 {
@@ -256,6 +268,7 @@ func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
 			break
 		}
 	}
+	s.decodes, s.prefills = decodes, prefills // keep what they grew to
 	if len(decodes) > 0 {
 		decoding := s.gather.decoding(now, cfg.DecodeQuiet)
 		if wait := s.gather.hold(now, len(decodes), decoding, cfg.DecodeGroups, cfg.GatherWindow, s.cost.predict); wait > 0 {
@@ -512,12 +525,12 @@ func (s *scheduler) outBytes(w *work) int {
 func (s *scheduler) complete(w *work) {
 	now := s.now()
 	w.releaseInput()
-	r := &result{
+	r := newResult(resultFields{
 		workID: w.workID, session: w.st.id, step: w.step, epoch: w.epoch,
 		phase: w.phase, mode: w.mode, first: w.first, tokens: w.tokens, chunk: w.chunk, deadline: w.deadline,
 		body: w.out, outPos: w.outPos, execNanos: uint64(now.Sub(w.started)), cacheHit: w.hit,
 		tm: w.tm, bytesIn: w.bytesIn,
-	}
+	})
 	if s.timing {
 		r.tm.completed = now
 	}
@@ -784,6 +797,8 @@ func (s *scheduler) dropQueue(q *sessQueue) {
 		}
 	}
 	delete(s.queues, q.id)
+	q.id = ""
+	s.spare = append(s.spare, q)
 }
 
 // release cancels id's queued work and drops its state.

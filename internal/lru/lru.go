@@ -6,37 +6,45 @@
 // entry: inserting always succeeds and the least recently used entries go
 // first, which is what a session table and a cache of the newest results
 // need.
+//
+// Entries are nodes of an intrusive list, and a removed node is kept for
+// the next insert, so a cache whose size holds steady (the results of
+// sessions that decode, one in and one out per step) allocates nothing.
+// The nodes kept are at most the most entries the cache ever held.
 package lru
-
-import "container/list"
 
 // Cache maps K to V, ordered by use.
 type Cache[K comparable, V any] struct {
-	ll      *list.List // front: most recently used
-	items   map[K]*list.Element
+	root    node[K, V] // root.next: most recently used; root.prev: least
+	n       int
+	items   map[K]*node[K, V]
+	free    *node[K, V] // removed nodes, linked through next
 	cost    int64
 	budget  int64 // 0: unbounded
 	onEvict func(K, V)
 }
 
-type entry[K comparable, V any] struct {
-	key  K
-	val  V
-	cost int64
+type node[K comparable, V any] struct {
+	prev, next *node[K, V]
+	key        K
+	val        V
+	cost       int64
 }
 
 // New returns a cache that evicts least recently used entries once the sum of
 // costs exceeds budget (0: never by cost). onEvict, if set, is called for
 // every entry that leaves the cache other than through Remove's return.
 func New[K comparable, V any](budget int64, onEvict func(K, V)) *Cache[K, V] {
-	return &Cache[K, V]{ll: list.New(), items: map[K]*list.Element{}, budget: budget, onEvict: onEvict}
+	c := &Cache[K, V]{items: map[K]*node[K, V]{}, budget: budget, onEvict: onEvict}
+	c.root.prev, c.root.next = &c.root, &c.root
+	return c
 }
 
 // Get returns the value for k and marks it most recently used.
 func (c *Cache[K, V]) Get(k K) (V, bool) {
 	if e, ok := c.items[k]; ok {
-		c.ll.MoveToFront(e)
-		return e.Value.(*entry[K, V]).val, true
+		c.toFront(e)
+		return e.val, true
 	}
 	var zero V
 	return zero, false
@@ -45,7 +53,7 @@ func (c *Cache[K, V]) Get(k K) (V, bool) {
 // Peek returns the value for k without touching its recency.
 func (c *Cache[K, V]) Peek(k K) (V, bool) {
 	if e, ok := c.items[k]; ok {
-		return e.Value.(*entry[K, V]).val, true
+		return e.val, true
 	}
 	var zero V
 	return zero, false
@@ -57,20 +65,28 @@ func (c *Cache[K, V]) Peek(k K) (V, bool) {
 // once.
 func (c *Cache[K, V]) Put(k K, v V, cost int64) {
 	if e, ok := c.items[k]; ok {
-		old := e.Value.(*entry[K, V])
-		c.cost += cost - old.cost
-		oldVal := old.val
-		old.val, old.cost = v, cost
-		c.ll.MoveToFront(e)
+		c.cost += cost - e.cost
+		oldVal := e.val
+		e.val, e.cost = v, cost
+		c.toFront(e)
 		if c.onEvict != nil {
 			c.onEvict(k, oldVal)
 		}
 	} else {
-		c.items[k] = c.ll.PushFront(&entry[K, V]{key: k, val: v, cost: cost})
+		e := c.free
+		if e != nil {
+			c.free = e.next
+		} else {
+			e = new(node[K, V])
+		}
+		e.key, e.val, e.cost = k, v, cost
+		c.link(e, &c.root)
+		c.items[k] = e
+		c.n++
 		c.cost += cost
 	}
-	for c.budget > 0 && c.cost > c.budget && c.ll.Len() > 0 {
-		c.evict(c.ll.Back())
+	for c.budget > 0 && c.cost > c.budget && c.n > 0 {
+		c.evict(c.root.prev)
 	}
 }
 
@@ -81,15 +97,15 @@ func (c *Cache[K, V]) Remove(k K) (V, bool) {
 		var zero V
 		return zero, false
 	}
-	en := c.remove(e)
-	return en.val, true
+	_, v := c.remove(e)
+	return v, true
 }
 
 // Oldest returns the least recently used entry.
 func (c *Cache[K, V]) Oldest() (K, V, bool) {
-	if e := c.ll.Back(); e != nil {
-		en := e.Value.(*entry[K, V])
-		return en.key, en.val, true
+	if c.n > 0 {
+		e := c.root.prev
+		return e.key, e.val, true
 	}
 	var k K
 	var v V
@@ -98,39 +114,64 @@ func (c *Cache[K, V]) Oldest() (K, V, bool) {
 
 // EvictOldest evicts the least recently used entry through onEvict.
 func (c *Cache[K, V]) EvictOldest() bool {
-	if e := c.ll.Back(); e != nil {
-		c.evict(e)
+	if c.n > 0 {
+		c.evict(c.root.prev)
 		return true
 	}
 	return false
 }
 
 // Len is the number of entries; Cost their summed cost.
-func (c *Cache[K, V]) Len() int    { return c.ll.Len() }
+func (c *Cache[K, V]) Len() int    { return c.n }
 func (c *Cache[K, V]) Cost() int64 { return c.cost }
 
 // All calls f for every entry from most to least recently used, stopping
 // when f returns false. f must not modify the cache.
 func (c *Cache[K, V]) All(f func(K, V) bool) {
-	for e := c.ll.Front(); e != nil; e = e.Next() {
-		en := e.Value.(*entry[K, V])
-		if !f(en.key, en.val) {
+	for e := c.root.next; e != &c.root; e = e.next {
+		if !f(e.key, e.val) {
 			return
 		}
 	}
 }
 
-func (c *Cache[K, V]) evict(e *list.Element) {
-	en := c.remove(e)
+func (c *Cache[K, V]) evict(e *node[K, V]) {
+	k, v := c.remove(e)
 	if c.onEvict != nil {
-		c.onEvict(en.key, en.val)
+		c.onEvict(k, v)
 	}
 }
 
-func (c *Cache[K, V]) remove(e *list.Element) *entry[K, V] {
-	en := e.Value.(*entry[K, V])
-	c.ll.Remove(e)
-	delete(c.items, en.key)
-	c.cost -= en.cost
-	return en
+// remove unlinks e, forgets its key and keeps the node for the next Put.
+func (c *Cache[K, V]) remove(e *node[K, V]) (K, V) {
+	k, v := e.key, e.val
+	c.unlink(e)
+	delete(c.items, k)
+	c.n--
+	c.cost -= e.cost
+	var zk K
+	var zv V
+	e.key, e.val, e.prev = zk, zv, nil // hold no references while free
+	e.next, c.free = c.free, e
+	return k, v
+}
+
+// link puts e after at.
+func (c *Cache[K, V]) link(e, at *node[K, V]) {
+	e.prev, e.next = at, at.next
+	at.next.prev = e
+	at.next = e
+}
+
+func (c *Cache[K, V]) unlink(e *node[K, V]) {
+	e.prev.next = e.next
+	e.next.prev = e.prev
+}
+
+func (c *Cache[K, V]) toFront(e *node[K, V]) {
+	if c.root.next == e {
+		return
+	}
+	c.unlink(e)
+	c.link(e, &c.root)
 }

@@ -42,3 +42,40 @@ func TestStrictRecencyAndBudget(t *testing.T) {
 		t.Fatalf("len %d", c.Len())
 	}
 }
+
+// A cache whose size holds steady, one entry in and one out (the results
+// of a decoding session, step after step), allocates nothing: removed
+// nodes are reused.
+func TestSteadyPutRemoveAllocatesNothing(t *testing.T) {
+	type key struct {
+		s    string
+		step uint64
+	}
+	c := New[key, *int](0, nil)
+	v := new(int)
+	const keep = 8
+	step := uint64(0)
+	for ; step < keep; step++ {
+		c.Put(key{"a", step}, v, 1)
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		c.Put(key{"a", step}, v, 1)
+		if _, ok := c.Remove(key{"a", step - keep}); !ok {
+			t.Fatal("oldest step missing")
+		}
+		step++
+	})
+	if allocs != 0 {
+		t.Fatalf("%.2f allocations per put and remove", allocs)
+	}
+	if c.Len() != keep {
+		t.Fatalf("len %d", c.Len())
+	}
+	var seen []uint64
+	c.All(func(k key, _ *int) bool { seen = append(seen, k.step); return true })
+	for i := 1; i < len(seen); i++ {
+		if seen[i] != seen[i-1]-1 {
+			t.Fatalf("order %v, want newest first", seen)
+		}
+	}
+}
