@@ -104,6 +104,18 @@ func (g *gatherer) decoding(now time.Time, recent time.Duration) int {
 	return n
 }
 
+// active counts the sessions that completed a step (or their prompt)
+// within window of now, forgetting nothing.
+func (g *gatherer) active(now time.Time, window time.Duration) int {
+	n := 0
+	for _, t := range g.last {
+		if now.Sub(t) <= window {
+			n++
+		}
+	}
+	return n
+}
+
 // hold returns how much longer an iteration with ready decode rows should
 // wait for more (0: run now). groups <= 0 turns gathering off; window 0
 // bounds a hold by half of predict(the rows it waits for), and with no

@@ -257,9 +257,9 @@ func TestPlanPrefillPatience(t *testing.T) {
 }
 
 // Decode steps go first; prefill tokens fill the iteration up to
-// IterationTokens beside them (no decode budget yet: nothing measured).
+// IterationTokens beside them (no time budget).
 func TestPlanDecodeFirstPrefillBeside(t *testing.T) {
-	sc := newScript(t, Config{IterationTokens: 8, DecodeGroups: -1}, nil)
+	sc := newScript(t, Config{IterationTokens: 8, DecodeGroups: -1, DecodeBudget: -1}, nil)
 	sc.prefilled(3, "a")
 	sc.submit("a", 0)
 	sc.submit("b", 20)
@@ -268,6 +268,48 @@ func TestPlanDecodeFirstPrefillBeside(t *testing.T) {
 	// With no decode step waiting but one just run, prefill stays at the
 	// share it would have beside the decode step (DecodeQuiet).
 	sc.expect("quiet", sc.step(time.Millisecond), "b:p8")
+}
+
+// The first decode iteration runs without prefill rows, whatever waits:
+// its time anchors the decode budget. The next one takes prefill beside
+// (here IterationTokens: the cost model has too few forwards to price rows).
+func TestPlanFirstDecodeAnchors(t *testing.T) {
+	sc := newScript(t, Config{IterationTokens: 8, DecodeGroups: -1, DecodeQuiet: -1}, nil)
+	sc.prefilled(2, "a", "b")
+	sc.submit("a", 0)
+	sc.submit("b", 0)
+	sc.submit("p", 100)
+	sc.expect("anchor", sc.step(0), "a:d1 b:d1")
+	if !sc.s.decodeOnly.t.ok {
+		t.Fatal("the decode-only iteration was not taken as the anchor")
+	}
+	sc.replies("a")
+	sc.replies("b")
+	sc.submit("a", 0)
+	sc.submit("b", 0)
+	sc.expect("beside", sc.step(0), "a:d1 b:d1 p:p6")
+}
+
+// A prefill-only iteration that brings more sessions to their first token
+// than are decoding is not preemptible: the first session of a burst, back
+// with its decode step, does not stop the iteration carrying the rest. One
+// that brings fewer is.
+func TestPlanBurstNotPreempted(t *testing.T) {
+	sc := newScript(t, Config{PrefillIterationTokens: 64, DecodeQuiet: -1}, nil)
+	sc.prefilled(8, "a")
+	for _, id := range []string{"b", "c", "d"} {
+		sc.submit(id, 8)
+	}
+	sc.expect("burst", sc.plan(), "b:p8 c:p8 d:p8")
+	if sc.fp.preemptible {
+		t.Fatal("a burst of three prompts beside one decoding session is preemptible")
+	}
+	sc.run(0)
+	sc.submit("e", 8)
+	sc.expect("one more", sc.plan(), "e:p8")
+	if !sc.fp.preemptible {
+		t.Fatal("one prompt beside four decoding sessions is not preemptible")
+	}
 }
 
 // The decode budget: once the cost model has seen enough forwards, an

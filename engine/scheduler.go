@@ -55,8 +55,12 @@ type scheduler struct {
 	// decodeOnly is the last forwards with decode rows and no prefill
 	// rows: their time anchors the decode budget (the model's line is
 	// only used to adjust it for another row count). sinceDecodeOnly
-	// counts decode iterations since one ran; every decodeAnchorEvery-th
-	// runs without prefill to keep the anchor fresh.
+	// counts decode iterations since one ran; the first decode iteration
+	// and every decodeAnchorEvery-th after run without prefill, to take
+	// the anchor and keep it fresh. (Until the first, the budget was
+	// unknown and prefill beside decode rows got IterationTokens only: a
+	// burst of 32 prompts took 15 iterations of 4 rows to start, PERF.md
+	// "A burst's start".)
 	decodeOnly      struct{ t, rows ewma }
 	sinceDecodeOnly int
 	// budgetRuns and budgetHits count iterations with decode rows and
@@ -287,7 +291,7 @@ func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
 		s.lastDecode, s.lastDecodeRows = now, rows
 		limit = s.decodeBudget(rows)
 		budget = rows + max(cfg.IterationTokens-rows, s.prefillBeside(rows, limit))
-		if s.sinceDecodeOnly >= decodeAnchorEvery && cfg.DecodeBudget == 0 {
+		if (s.sinceDecodeOnly >= decodeAnchorEvery || !s.decodeOnly.t.ok) && cfg.DecodeBudget == 0 {
 			budget = rows // measure the decode rows alone now and then
 		}
 	case now.Sub(s.lastDecode) < cfg.DecodeQuiet:
@@ -378,9 +382,30 @@ func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
 	// arriving every few milliseconds would preempt every prefill
 	// iteration, and prompts would never finish while the CPU stays busy
 	// (measured: half of all forwards preempted, TTFT 3.5 s, PERF.md
-	// "Batches that form").
-	s.fwd = forwardPlan{items: s.planned, rows: rows, decodes: len(decodes), limit: limit, preemptible: len(decodes) == 0 && !s.preempted}
+	// "Batches that form"). Nor when the iteration brings more sessions to
+	// their first token than there are sessions decoding (that completed
+	// a step within the last second): stopping it would hold back more
+	// sessions than it serves (the first prompt of a burst came back and
+	// stopped the iteration carrying the next 16, PERF.md "A burst's
+	// start").
+	preemptible := len(decodes) == 0 && !s.preempted
+	if preemptible {
+		preemptible = s.finishing() <= s.gather.active(now, time.Second)
+	}
+	s.fwd = forwardPlan{items: s.planned, rows: rows, decodes: len(decodes), limit: limit, preemptible: preemptible}
 	return s.fwd, true
+}
+
+// finishing counts the planned items that complete a prompt: after them
+// their sessions decode.
+func (s *scheduler) finishing() int {
+	n := 0
+	for _, p := range s.planned {
+		if w := p.w; w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL && w.final && p.from+p.n == w.tokens {
+			n++
+		}
+	}
+	return n
 }
 
 // forwardOutcome is what became of a planned forward: how long it took, its
