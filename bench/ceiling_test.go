@@ -191,8 +191,8 @@ func ceilingRun(be backend.Backend, sessions, outLen int, prompt func(int) []int
 // benchEngineConfig applies the scheduler settings a benchmark run may
 // set to a worker's cfg; unset, the engine's defaults hold.
 // SHARDD_BENCH_ITERATION_TOKENS, SHARDD_BENCH_DECODE_BUDGET (a duration;
-// -1ms runs without the decode budget, the scheduler before issue 16) and
-// SHARDD_BENCH_DECODE_GROUPS.
+// -1ms runs without the decode budget, the scheduler before issue 16),
+// SHARDD_BENCH_DECODE_GROUPS and SHARDD_BENCH_PREFILL_ITERATION_TOKENS.
 func benchEngineConfig(b *testing.B, cfg engine.Config) engine.Config {
 	if v := os.Getenv("SHARDD_BENCH_ITERATION_TOKENS"); v != "" {
 		fmt.Sscan(v, &cfg.IterationTokens)
@@ -205,6 +205,9 @@ func benchEngineConfig(b *testing.B, cfg engine.Config) engine.Config {
 	}
 	if v := os.Getenv("SHARDD_BENCH_DECODE_GROUPS"); v != "" {
 		fmt.Sscan(v, &cfg.DecodeGroups)
+	}
+	if v := os.Getenv("SHARDD_BENCH_PREFILL_ITERATION_TOKENS"); v != "" {
+		fmt.Sscan(v, &cfg.PrefillIterationTokens)
 	}
 	return cfg
 }
