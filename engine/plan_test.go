@@ -153,6 +153,7 @@ func (sc *script) run(took time.Duration) {
 	sc.now = sc.now.Add(took)
 	sc.s.advance(forwardOutcome{took: took, err: err, out: &sc.d.out})
 	sc.d.apply()
+	sc.d.publish(sc.fp.rows)
 }
 
 // step plans and, when there is a forward, runs it taking took (0: the
@@ -461,6 +462,12 @@ func TestPlanBatchFull(t *testing.T) {
 		sc.submit(id, 0)
 	}
 	sc.expect("first", sc.step(0), "a:d1 b:d1 c:d1 d:d1")
+	if calls := sc.fb.calls; len(calls[len(calls)-1]) != 4 {
+		t.Fatalf("the four decode steps did not go to the backend in one call: %v", calls)
+	}
+	if h := sc.e.statOccupancy.Load(); h != 4 {
+		t.Fatalf("published batch occupancy %d, want 4", h)
+	}
 	// The four that ran send their next steps at once: they queue behind
 	// the two left out.
 	for _, id := range ids[:4] {

@@ -8,57 +8,6 @@ import (
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 )
 
-// Scenario: while one forward is held, decode steps of three sessions
-// arrive; the next iteration runs all three in one backend call.
-func TestDecodeStepsBatchAcrossSessions(t *testing.T) {
-	w, fb := gated(t, Config{})
-	// Opening asks the scheduler, so open every stream before holding it.
-	var ss []*session
-	for _, id := range []string{"d0", "d1", "d2"} {
-		ss = append(ss, w.open(t, id, 1))
-	}
-	x := w.open(t, "holder", 1)
-	for i, s := range ss {
-		s.chunk(s.envelope(1, prefill, 0, 2, 0), s.tokensTensor([]int32{1, 2}))
-		if i == 0 {
-			<-fb.entered // hold the first prefill
-		}
-	}
-	waitUntil(t, func() bool { return w.eng.queued.Load() == 3 })
-	fb.gate <- struct{}{} // first prefill
-	<-fb.entered
-	fb.gate <- struct{}{} // the other two prefills, together
-	for _, s := range ss {
-		if o := s.result(); o.ack == nil {
-			t.Fatalf("prefill: %v", o.status)
-		}
-	}
-	// Hold an unrelated forward, queue the three decode steps behind it.
-	x.chunk(x.envelope(1, prefill, 0, 1, 0), x.tokensTensor([]int32{1}))
-	<-fb.entered
-	for _, s := range ss {
-		s.send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
-			IdempotencyStep: 2, Position: 2, ExpectedPastLen: 2, Tensor: s.tokensTensor([]int32{3})}}})
-	}
-	waitUntil(t, func() bool { return w.eng.queued.Load() == 4 })
-	fb.gate <- struct{}{}
-	<-fb.entered
-	fb.gate <- struct{}{}
-	for _, s := range ss {
-		if o := s.result(); o.ack == nil || o.ack.CacheResult.PastLen != 3 {
-			t.Fatalf("decode: %v %v", o.ack, o.status)
-		}
-	}
-	calls := fb.callsSeen(t, w.eng)
-	if last := calls[len(calls)-1]; len(last) != 3 {
-		t.Fatalf("decode steps ran in separate calls: %v", calls)
-	}
-	h, _ := w.client.Health(t.Context(), &shardv1.HealthRequest{SchemaVersion: 1})
-	if h.BatchOccupancy != 3 {
-		t.Fatalf("batch occupancy %d, want 3", h.BatchOccupancy)
-	}
-}
-
 // A newer epoch supersedes the session's old state: a decode against the old
 // state is a declared miss, and a fresh prefill under the new epoch works.
 func TestNewerEpochSupersedes(t *testing.T) {
