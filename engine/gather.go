@@ -91,7 +91,11 @@ func (g *gatherer) due(now time.Time) (time.Time, bool) {
 const dueSlack = 2 * time.Millisecond
 
 // decoding counts the sessions that completed a decode step within recent
-// of now, forgetting older ones.
+// of now, forgetting older ones. A session that finished a prompt and has
+// sent no decode step yet is not counted: one that only ever prefills
+// (a prompt streamed in chunks, each a whole prefill) would otherwise make
+// every decode iteration beside it wait out its window, with the CPU idle
+// (PERF.md "A burst's start").
 func (g *gatherer) decoding(now time.Time, recent time.Duration) int {
 	n := 0
 	for id, t := range g.last {
@@ -99,7 +103,9 @@ func (g *gatherer) decoding(now time.Time, recent time.Duration) int {
 			g.forget(id)
 			continue
 		}
-		n++
+		if _, ok := g.gap[id]; ok {
+			n++
+		}
 	}
 	return n
 }

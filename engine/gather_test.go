@@ -18,7 +18,10 @@ func TestGatherHolds(t *testing.T) {
 
 	var g gatherer
 	for i := range 32 {
-		g.done(fmt.Sprint("s", i), at(0))
+		id := fmt.Sprint("s", i)
+		g.done(id, at(0)) // its prompt
+		g.arrived(id, at(0))
+		g.done(id, at(0)) // its first decode step
 	}
 	steps := []struct {
 		now           int // ms
@@ -62,15 +65,26 @@ func TestGatherDecodingSessions(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	predict := func(rows int) (time.Duration, bool) { return 50 * time.Millisecond, true }
 	var g gatherer
+	// decoded: a session's prompt done at, then a decode step arriving
+	// and done at once.
+	decoded := func(id string, at time.Time) {
+		g.done(id, at)
+		g.arrived(id, at)
+		g.done(id, at)
+	}
 	g.done("a", t0)
+	if n := g.decoding(t0, time.Second); n != 0 {
+		t.Fatalf("%d decoding after a prompt alone, want 0", n)
+	}
+	decoded("a", t0)
 	if n := g.decoding(t0, time.Second); n != 1 {
 		t.Fatalf("%d decoding, want 1", n)
 	}
 	if w := g.hold(t0, 1, 1, 2, 0, predict); w != 0 {
 		t.Fatalf("a lone session waited %v", w)
 	}
-	g.done("b", t0)
-	g.done("c", t0.Add(900*time.Millisecond))
+	decoded("b", t0)
+	decoded("c", t0.Add(900*time.Millisecond))
 	g.forget("a")
 	if n := g.decoding(t0.Add(500*time.Millisecond), time.Second); n != 2 {
 		t.Fatalf("after releasing a: %d decoding, want 2", n)

@@ -313,6 +313,35 @@ func TestPlanBurstNotPreempted(t *testing.T) {
 	}
 }
 
+// A session that finished a prompt and has sent no decode step since is
+// not waited for: a decode iteration held for it (DecodeGroups) would
+// wait its whole window every step beside sessions that only prefill.
+func TestPlanHoldIgnoresPromptOnlySessions(t *testing.T) {
+	sc := newScript(t, Config{DecodeGroups: 1, DecodeQuiet: time.Second}, nil)
+	sc.prefilled(2, "d")
+	for i := range costMinRuns {
+		sc.submit("d", 0)
+		sc.expect(fmt.Sprint("decode ", i), sc.step(0), "d:d1")
+		sc.replies("d")
+	}
+	sc.submit("p", 4)
+	for strings.HasPrefix(sc.plan(), "wait ") {
+		sc.now = sc.s.wake.Add(time.Millisecond) // d's step was due; it did not come
+	}
+	sc.expect("prompt", sc.step(0), "p:p4")
+	sc.submit("d", 0)
+	sc.expect("decode beside a prompt-only session", sc.plan(), "d:d1")
+	sc.run(0)
+	// Once p sends a decode step it counts as decoding: its step waits
+	// for d's, and they run together.
+	sc.submit("p", 0)
+	if got := sc.plan(); !strings.HasPrefix(got, "wait ") {
+		t.Fatalf("p's step did not wait for d's: %q", got)
+	}
+	sc.submit("d", 0)
+	sc.expect("together", sc.plan(), "p:d1 d:d1")
+}
+
 // The decode budget: once the cost model has seen enough forwards, an
 // iteration with decode rows takes as many prefill tokens as the model
 // predicts fit in 1.5x the decode rows' own measured time.
