@@ -577,9 +577,6 @@ func TestPlanCancelAndDuplicate(t *testing.T) {
 // together, the forward itself left out (the fake backend records its
 // calls).
 func TestPlanDecodeStepAllocs(t *testing.T) {
-	if raceBuild {
-		t.Skip("allocations are not counted under -race (sync.Pool drops buffers on purpose)")
-	}
 	// The first rounds fill the results cache (each session keeps its last
 	// MaxInflightChunks results) and the pools; then it holds steady.
 	const sessions, warm, rounds = 16, 20, 40
@@ -616,7 +613,22 @@ func TestPlanDecodeStepAllocs(t *testing.T) {
 	for range warm {
 		round()
 	}
-	if allocs := testing.AllocsPerRun(rounds, round); allocs != 0 {
-		t.Fatalf("%.2f allocations per decode step, want 0", allocs/sessions)
+	perStep := testing.AllocsPerRun(rounds, round) / sessions
+	t.Logf("%.2f allocations per decode step", perStep)
+	// The bound is 0 in a plain build. The bufpool ownership checks (-tags
+	// invariants) record each buffer handed out: 1 a step. Under -race,
+	// sync.Pool drops a share of what it is given on purpose and the
+	// detector allocates too (1.7 a step measured): there the bound only
+	// catches an allocation that every step makes (each adds 1; the code
+	// before this test made 5.62).
+	limit := 0.0
+	switch {
+	case raceBuild:
+		limit = 2
+	case bufpool.Invariants:
+		limit = 1
+	}
+	if perStep > limit {
+		t.Fatalf("%.2f allocations per decode step, want at most %g", perStep, limit)
 	}
 }

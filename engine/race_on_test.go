@@ -3,5 +3,6 @@
 package engine
 
 // raceBuild: built with -race, where sync.Pool drops some of what it is
-// given on purpose, so counts of allocations mean nothing.
+// given on purpose and the detector allocates, so counts of allocations
+// are only rough.
 const raceBuild = true
