@@ -18,7 +18,12 @@
 //     end-to-end latency, each as an HdrHistogram (1 µs to 1 h, three
 //     significant digits) summarised as p50/p90/p99/max/mean;
 //   - output tokens/s and requests/s over the measured window (from the
-//     first measured request to the last token);
+//     first measured request to the last token), and the steady tokens/s:
+//     the tokens emitted until the arrivals ended (the duration was up,
+//     or the last request was issued), over that time, which leaves out
+//     the drain after the last arrival (in a closed loop the sessions
+//     move in cohorts, and where the cut falls among them moves the
+//     drain's length and so tokens/s by itself);
 //   - goodput: the share of requests that met every limit of the SLO
 //     (errors count as misses), as vLLM's and AIPerf's goodput;
 //   - per hop, for decode steps: the worker's own execution (the Ack's

@@ -142,6 +142,10 @@ func TestClosedLoopDuration(t *testing.T) {
 	if s.Requests == 0 || s.Errors != 0 {
 		t.Errorf("%d requests, %d errors %v", s.Requests, s.Errors, s.ErrorsByCode)
 	}
+	// The steady window ends with the arrivals, when the duration is up.
+	if s.SteadySeconds < 0.3 || s.SteadySeconds > 0.5 || s.SteadyTokensPerS <= 0 {
+		t.Errorf("steady window %.3f s, %.1f tokens/s; want 0.3 s and some tokens", s.SteadySeconds, s.SteadyTokensPerS)
+	}
 }
 
 func budgetFile(t *testing.T, name, text string) string {

@@ -73,12 +73,15 @@ type Median struct {
 	Rate             float64 `json:"rate,omitempty"`
 	Rounds           int     `json:"rounds"`
 	OutputTokensPerS float64 `json:"output_tokens_per_s"`
+	SteadyTokensPerS float64 `json:"steady_tokens_per_s,omitempty"`
 	TTFTP99          float64 `json:"ttft_p99_ms"`
 	ITLP99           float64 `json:"itl_p99_ms"`
 	Goodput          float64 `json:"goodput"`
-	// Spread is (max - min) / median of tokens/s over the rounds.
-	Spread float64 `json:"spread"`
-	Ratio  float64 `json:"ratio"`
+	// Spread is (max - min) / median of tokens/s over the rounds;
+	// SteadySpread the same of the steady tokens/s.
+	Spread       float64 `json:"spread"`
+	SteadySpread float64 `json:"steady_spread,omitempty"`
+	Ratio        float64 `json:"ratio"`
 }
 
 // Sweep is the throughput/latency curve of the first target.
@@ -121,9 +124,9 @@ func (r *Report) Finish(budget Budget, sweepParam string) {
 			ITLP99:           median(collect(g, func(s *Summary) float64 { return s.ITL.P99 })),
 			Goodput:          median(collect(g, func(s *Summary) float64 { return s.Goodput })),
 		}
-		if m.OutputTokensPerS > 0 {
-			m.Spread = (slices.Max(tps) - slices.Min(tps)) / m.OutputTokensPerS
-		}
+		m.Spread = spread(tps)
+		steady := collect(g, func(s *Summary) float64 { return s.SteadyTokensPerS })
+		m.SteadyTokensPerS, m.SteadySpread = median(steady), spread(steady)
 		lvl := [2]float64{float64(k.c), k.rate}
 		if k.target == first {
 			base[lvl] = m.OutputTokensPerS
@@ -178,6 +181,15 @@ func collect(g []*Summary, f func(*Summary) float64) []float64 {
 	return out
 }
 
+// spread is (max - min) / median of v (0 when the median is 0).
+func spread(v []float64) float64 {
+	m := median(v)
+	if m <= 0 {
+		return 0
+	}
+	return (slices.Max(v) - slices.Min(v)) / m
+}
+
 func median(v []float64) float64 {
 	if len(v) == 0 {
 		return 0
@@ -202,10 +214,10 @@ func (r *Report) WriteJSON(path string) error {
 // WriteText prints the summary tables.
 func (r *Report) WriteText(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "run\trequests\terrors\ttokens/s\treq/s\tTTFT p50\tTTFT p99\tITL p50\tITL p99\tTPOT p50\tE2E p99\tgoodput\tharness CPU/token\t")
+	fmt.Fprintln(tw, "run\trequests\terrors\ttokens/s\tsteady\treq/s\tTTFT p50\tTTFT p99\tITL p50\tITL p99\tTPOT p50\tE2E p99\tgoodput\tharness CPU/token\t")
 	for _, s := range r.Runs {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%.0f us\t\n", s.Label, s.Requests, s.Errors,
-			s.OutputTokensPerS, s.RequestsPerS, msf(s.TTFT.P50), msf(s.TTFT.P99), msf(s.ITL.P50), msf(s.ITL.P99),
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%.0f us\t\n", s.Label, s.Requests, s.Errors,
+			s.OutputTokensPerS, s.SteadyTokensPerS, s.RequestsPerS, msf(s.TTFT.P50), msf(s.TTFT.P99), msf(s.ITL.P50), msf(s.ITL.P99),
 			msf(s.TPOT.P50), msf(s.E2E.P99), s.Goodput, s.HarnessCPUPerTokenMicros)
 	}
 	tw.Flush()
@@ -254,12 +266,12 @@ func (r *Report) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "\nerrors and recoveries\n  %s\n", strings.Join(errs, "\n  "))
 	}
 	if len(r.Medians) > 1 {
-		fmt.Fprintln(w, "\nmedians over rounds (ratio: tokens/s over the first target's)")
+		fmt.Fprintln(w, "\nmedians over rounds (ratio: tokens/s over the first target's; steady: tokens/s until the arrivals ended)")
 		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "target\tload\trounds\ttokens/s\tspread\tratio\tTTFT p99\tITL p99\tgoodput\t")
+		fmt.Fprintln(tw, "target\tload\trounds\ttokens/s\tspread\tsteady\tspread\tratio\tTTFT p99\tITL p99\tgoodput\t")
 		for _, m := range r.Medians {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%.0f%%\t%.2fx\t%s\t%s\t%.3f\t\n", m.Target, m.Load(), m.Rounds,
-				m.OutputTokensPerS, 100*m.Spread, m.Ratio, msf(m.TTFTP99), msf(m.ITLP99), m.Goodput)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%.0f%%\t%.1f\t%.0f%%\t%.2fx\t%s\t%s\t%.3f\t\n", m.Target, m.Load(), m.Rounds,
+				m.OutputTokensPerS, 100*m.Spread, m.SteadyTokensPerS, 100*m.SteadySpread, m.Ratio, msf(m.TTFTP99), msf(m.ITLP99), m.Goodput)
 		}
 		tw.Flush()
 	}

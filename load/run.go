@@ -68,6 +68,11 @@ type recorder struct {
 	retries, recov int
 	dupAcks        int
 	lastDone       time.Time
+	// cutoff is when the arrivals ended (the duration was up, or the last
+	// request was issued); emitted holds every measured token's time, as
+	// an offset from start, for the tokens/s over [start, cutoff].
+	cutoff  time.Time
+	emitted []time.Duration
 }
 
 func newRecorder(hops int) *recorder {
@@ -118,6 +123,9 @@ func (r *recorder) finish(tr *reqTrace, st route.Stats, err error, slo SLO) {
 	r.tokens += n
 	if n == 0 {
 		return
+	}
+	for _, t := range tr.times {
+		r.emitted = append(r.emitted, t.Sub(r.start))
 	}
 	end := tr.times[n-1]
 	r.lastDone = end
@@ -237,6 +245,15 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	return s, nil
 }
 
+// arrivalsOver records that the measured phase issues no more requests.
+func (r *recorder) arrivalsOver(at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cutoff.IsZero() {
+		r.cutoff = at
+	}
+}
+
 // drive issues w's requests (indices from base) and waits for them all.
 // rec nil: a warm-up, nothing is recorded.
 func drive(ctx context.Context, rt *route.Route, w Workload, opts RunOptions, rec *recorder, base int) {
@@ -247,7 +264,12 @@ func drive(ctx context.Context, rt *route.Route, w Workload, opts RunOptions, re
 	var deadline <-chan struct{}
 	if w.Duration > 0 {
 		over := make(chan struct{})
-		tm := time.AfterFunc(w.Duration, func() { close(over) })
+		tm := time.AfterFunc(w.Duration, func() {
+			if rec != nil {
+				rec.arrivalsOver(time.Now())
+			}
+			close(over)
+		})
 		defer tm.Stop()
 		deadline = over
 	}
@@ -265,6 +287,9 @@ func drive(ctx context.Context, rt *route.Route, w Workload, opts RunOptions, re
 		i := int(issued.Add(1)) - 1
 		if w.Requests > 0 && i >= w.Requests {
 			return 0, false
+		}
+		if rec != nil && w.Requests > 0 && i == w.Requests-1 {
+			rec.arrivalsOver(time.Now())
 		}
 		return i, true
 	}
@@ -401,6 +426,16 @@ func (r *recorder) summary(t Target, w Workload, label string) *Summary {
 	if s.ElapsedSeconds > 0 {
 		s.OutputTokensPerS = float64(r.tokens) / s.ElapsedSeconds
 		s.RequestsPerS = float64(r.requests-s.Errors) / s.ElapsedSeconds
+	}
+	if window := r.cutoff.Sub(r.start); !r.cutoff.IsZero() && window > 0 {
+		n := 0
+		for _, t := range r.emitted {
+			if t <= window {
+				n++
+			}
+		}
+		s.SteadySeconds = window.Seconds()
+		s.SteadyTokensPerS = float64(n) / s.SteadySeconds
 	}
 	if r.requests > 0 {
 		s.Goodput = float64(r.good) / float64(r.requests)

@@ -90,6 +90,13 @@ type Summary struct {
 	ElapsedSeconds   float64 `json:"elapsed_s"`
 	OutputTokens     int     `json:"output_tokens"`
 	OutputTokensPerS float64 `json:"output_tokens_per_s"`
+	// SteadyTokensPerS counts only the tokens emitted while requests were
+	// still being issued (SteadySeconds from the start): the drain after
+	// the last arrival, whose length depends on where the cut falls among
+	// the sessions (in a closed loop they move in cohorts), is left out.
+	// Measured requests only, like OutputTokensPerS.
+	SteadySeconds    float64 `json:"steady_s,omitempty"`
+	SteadyTokensPerS float64 `json:"steady_tokens_per_s,omitempty"`
 	RequestsPerS     float64 `json:"requests_per_s"`
 	// Goodput is the share of requests that met the SLO (1 with no SLO
 	// and no errors).

@@ -31,9 +31,10 @@ func (l *listFlag) String() string     { return strings.Join(*l, " ") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 const benchHelp = `Loads a route the way operators run it and reports TTFT, inter-token latency (ITL), time per
-output token (TPOT) and end-to-end latency (p50/p90/p99/max, HdrHistogram), output tokens/s,
-requests/s, goodput under --slo, per-hop execution and wire time, per-stage latency from worker
-spans, errors by ErrorCode, and the harness's own CPU time per token.
+output token (TPOT) and end-to-end latency (p50/p90/p99/max, HdrHistogram), output tokens/s
+(to the last token, and steady: until the arrivals ended), requests/s, goodput under --slo,
+per-hop execution and wire time, per-stage latency from worker spans, errors by ErrorCode, and
+the harness's own CPU time per token.
 
 Target: an existing route (--route A,B,...), or a route it starts from a model (--model FILE with
 --shards N or --ranges 0:8,8:12): one 'shardd serve' per shard on 127.0.0.1, each with its
