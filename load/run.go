@@ -69,10 +69,12 @@ type recorder struct {
 	dupAcks        int
 	lastDone       time.Time
 	// cutoff is when the arrivals ended (the duration was up, or the last
-	// request was issued); emitted holds every measured token's time, as
-	// an offset from start, for the tokens/s over [start, cutoff].
-	cutoff  time.Time
-	emitted []time.Duration
+	// request was issued); steady counts the measured tokens emitted
+	// until then. A request recorded before the cutoff was set ended
+	// before it, so all its tokens count; one recorded after counts its
+	// tokens up to the cutoff.
+	cutoff time.Time
+	steady int
 }
 
 func newRecorder(hops int) *recorder {
@@ -125,7 +127,9 @@ func (r *recorder) finish(tr *reqTrace, st route.Stats, err error, slo SLO) {
 		return
 	}
 	for _, t := range tr.times {
-		r.emitted = append(r.emitted, t.Sub(r.start))
+		if r.cutoff.IsZero() || !t.After(r.cutoff) {
+			r.steady++
+		}
 	}
 	end := tr.times[n-1]
 	r.lastDone = end
@@ -428,14 +432,8 @@ func (r *recorder) summary(t Target, w Workload, label string) *Summary {
 		s.RequestsPerS = float64(r.requests-s.Errors) / s.ElapsedSeconds
 	}
 	if window := r.cutoff.Sub(r.start); !r.cutoff.IsZero() && window > 0 {
-		n := 0
-		for _, t := range r.emitted {
-			if t <= window {
-				n++
-			}
-		}
 		s.SteadySeconds = window.Seconds()
-		s.SteadyTokensPerS = float64(n) / s.SteadySeconds
+		s.SteadyTokensPerS = float64(r.steady) / s.SteadySeconds
 	}
 	if r.requests > 0 {
 		s.Goodput = float64(r.good) / float64(r.requests)
