@@ -79,8 +79,19 @@ func (m *costModel) fit(rows int, budget time.Duration) int {
 // costMaxRows rows, and a forward's cost per row falls as its batch
 // grows).
 func (m *costModel) fitAfter(t, budget time.Duration) int {
+	return m.fitAfterAtLeast(t, budget, 0)
+}
+
+// fitAfterAtLeast is fitAfter with each added row priced at no less than
+// floor: a cost per row measured where the rows go, when the line's
+// slope is lower.
+func (m *costModel) fitAfterAtLeast(t, budget, floor time.Duration) int {
 	_, perRow, ok := m.coef()
-	if !ok || perRow <= 0 {
+	if !ok {
+		return 0
+	}
+	perRow = max(perRow, floor.Seconds())
+	if perRow <= 0 {
 		return 0
 	}
 	extra := (budget - t).Seconds() / perRow

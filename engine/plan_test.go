@@ -271,6 +271,28 @@ func TestPlanDecodeFirstPrefillBeside(t *testing.T) {
 	sc.expect("quiet", sc.step(time.Millisecond), "b:p8")
 }
 
+// Prefill rows beside decode rows are priced at no less than they were
+// measured to cost there. A cost model fitted over forwards of nearly one
+// size can come out with a slope far too low, and alone it would let a
+// whole chunk in beside a decode step.
+func TestPlanBesideRowsPricedAsMeasured(t *testing.T) {
+	var s scheduler
+	for i := range 40 {
+		// Forwards of 5 and 6 rows that took nearly the same time: the
+		// fitted slope is 0.1 ms a row.
+		s.cost.add(5+i%2, 10*time.Millisecond+time.Duration(i%2)*100*time.Microsecond)
+	}
+	s.decodeOnly.t.add(6 * time.Millisecond)
+	s.decodeOnly.rows.add(1)
+	if n := s.prefillBeside(1, 9*time.Millisecond); n < 20 {
+		t.Fatalf("the model alone fits %d rows in 3 ms; the scenario needs its low slope", n)
+	}
+	s.besideRow.add(1500 * time.Microsecond)
+	if n := s.prefillBeside(1, 9*time.Millisecond); n != 2 {
+		t.Fatalf("%d prefill rows fit in 3 ms at a measured 1.5 ms a row, want 2", n)
+	}
+}
+
 // The first decode iteration runs without prefill rows, whatever waits:
 // its time anchors the decode budget. The next one takes prefill beside
 // (here IterationTokens: the cost model has too few forwards to price rows).
@@ -363,6 +385,11 @@ func TestPlanDecodeBudgetPacking(t *testing.T) {
 	// Budget 1.5 x (2 ms + 2 x 0.5 ms) = 4.5 ms; 2 ms + 0.5 ms x 5 rows
 	// fits it: 2 decode rows and 3 prefill tokens.
 	sc.expect("packed", sc.step(0), "a:d1 b:d1 p:p3")
+	// It took 2 ms + 5 x 0.5 ms, the decode rows alone 3 ms: a prefill row
+	// beside them cost 0.5 ms.
+	if got := sc.s.besideRow.v; got != costRow {
+		t.Fatalf("measured cost of a prefill row beside decode rows %v, want %v", got, costRow)
+	}
 	if sc.s.budgetRuns == 0 || sc.s.budgetHits != sc.s.budgetRuns {
 		t.Fatalf("budget kept in %d of %d iterations", sc.s.budgetHits, sc.s.budgetRuns)
 	}

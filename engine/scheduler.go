@@ -63,6 +63,14 @@ type scheduler struct {
 	// "A burst's start".)
 	decodeOnly      struct{ t, rows ewma }
 	sinceDecodeOnly int
+	// besideRow is the measured cost of a prefill row beside decode rows:
+	// an iteration's time over the decode rows' own (decodeTime), per
+	// prefill row. Rows beside decode rows are never priced below it. The
+	// cost model's slope alone, fitted over forwards of nearly one size
+	// (a decoding session and a few prefill rows), came out low enough
+	// now and then to let a whole prefill chunk in beside a decode step:
+	// a 500 ms step (PERF.md "A burst's start").
+	besideRow ewma
 	// budgetRuns and budgetHits count iterations with decode rows and
 	// those whose forward kept the decode budget.
 	budgetRuns, budgetHits int64
@@ -179,7 +187,7 @@ func (s *scheduler) prefillBeside(rows int, limit time.Duration) int {
 	if !ok {
 		return 0
 	}
-	return s.cost.fitAfter(t, limit)
+	return s.cost.fitAfterAtLeast(t, limit, s.besideRow.v)
 }
 
 func (s *scheduler) enqueue(w *work) {
@@ -464,6 +472,8 @@ func (s *scheduler) advance(o forwardOutcome) {
 				s.sinceDecodeOnly = 0
 				s.decodeOnly.t.add(took)
 				s.decodeOnly.rows.add(time.Duration(run.rows))
+			} else if alone, ok := s.decodeTime(s.lastDecodeRows); ok && s.decodeOnly.t.ok {
+				s.besideRow.add(max(took-alone, 0) / time.Duration(run.rows-s.lastDecodeRows))
 			}
 		}
 		if run.limit > 0 {
