@@ -38,8 +38,9 @@ type Config struct {
 	// DecodeBudget: the time an iteration that carries decode rows may
 	// take. Decode rows go first; prefill tokens are added while the cost
 	// model (forward time against rows, measured online) predicts the
-	// forward stays within it, each priced at the model's cost per row on
-	// top of the decode rows' own time. 0: 1.5x the measured time of the
+	// forward stays within it, each priced at the model's cost per row (or
+	// at what a prefill row was measured to add beside decode rows, if
+	// more) on top of the decode rows' own time. 0: 1.5x the measured time of the
 	// decode rows alone, so prefill may slow a decode step by half.
 	// Negative: no time budget, IterationTokens only.
 	DecodeBudget time.Duration
