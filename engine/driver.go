@@ -174,7 +174,8 @@ func (d *driver) fill(p planned) error {
 // must be gone before any peer learns its work ended), then deliveries in
 // the order they were decided, then the queue count of the items they
 // ended (so Drain sees an empty queue only once every reply is handed
-// over). Deliveries never block (stream.deliver).
+// over), and last the items go back to their pool. Deliveries never block
+// (stream.deliver).
 func (d *driver) apply() {
 	fx := &d.s.fx
 	for _, t := range fx.trims {
@@ -183,8 +184,11 @@ func (d *driver) apply() {
 	for _, dl := range fx.deliveries {
 		dl.st.deliver(dl.r, dl.work)
 	}
-	if fx.retired > 0 {
-		d.e.queued.Add(-int32(fx.retired))
+	if n := len(fx.retired); n > 0 {
+		d.e.queued.Add(-int32(n))
+	}
+	for _, w := range fx.retired {
+		w.recycle()
 	}
 	fx.reset()
 }

@@ -9,9 +9,10 @@ package engine
 type effects struct {
 	trims      []trimOp
 	deliveries []delivery
-	// retired counts the submitted items answered, which leave the
-	// engine's queue count (Engine.queued) once their replies are out.
-	retired int
+	// retired are the submitted items answered, which leave the engine's
+	// queue count (Engine.queued) once their replies are out, and then go
+	// back to their pool.
+	retired []*work
 }
 
 // trimOp removes a backend sequence's cells from pos on.
@@ -34,5 +35,6 @@ func (f *effects) deliver(st *stream, r reply, work bool) {
 // reset forgets carried-out effects, keeping the slices.
 func (f *effects) reset() {
 	clear(f.deliveries) // drop the replies' references to results
-	f.trims, f.deliveries, f.retired = f.trims[:0], f.deliveries[:0], 0
+	clear(f.retired)
+	f.trims, f.deliveries, f.retired = f.trims[:0], f.deliveries[:0], f.retired[:0]
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -176,7 +177,7 @@ func (st *stream) recordStep(r *result, sent time.Time) {
 	}
 	rec := stepRecord{
 		ctx: st.ctx, tm: r.tm, sent: sent,
-		workID: r.workID, session: r.session, mode: r.mode,
+		workID: strings.Clone(r.workID), session: r.session, mode: r.mode, // r's bytes are reused
 		step: r.step, epoch: r.epoch, pastLen: r.pastLen,
 		tokens: r.tokens, first: r.first,
 		bytesIn: r.bytesIn, bytesOut: bodyLen(r), cacheHit: r.cacheHit,

@@ -642,14 +642,17 @@ func TestPlanDecodeStepAllocs(t *testing.T) {
 	}
 	perStep := testing.AllocsPerRun(rounds, round) / sessions
 	t.Logf("%.2f allocations per decode step", perStep)
-	// The bound is 0 in a plain build. The bufpool ownership checks (-tags
-	// invariants) record each buffer handed out: 1 a step. Under -race,
-	// sync.Pool drops a share of what it is given on purpose and the
-	// detector allocates too (1.7 a step measured): there the bound only
-	// catches an allocation that every step makes (each adds 1; the code
-	// before this test made 5.62).
+	// The bound is 0 in a plain build (the code before this test made
+	// 5.62). The bufpool ownership checks (-tags invariants) never reuse a
+	// Buffer struct: 1 a step. Under -race, sync.Pool drops a random share
+	// of what it is given and the detector allocates too (1.2-2.0 a step
+	// measured): there the bound only catches an allocation that every
+	// step makes. (TestSessionDecodeStepAllocs, one session, holds the
+	// step that made fewest to the bound in every build.)
 	limit := 0.0
 	switch {
+	case raceBuild && bufpool.Invariants:
+		limit = 3
 	case raceBuild:
 		limit = 2
 	case bufpool.Invariants:

@@ -3,6 +3,7 @@ package engine
 import (
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
@@ -15,16 +16,22 @@ import (
 // resultPool, so a decode step allocates no result. Its fields are
 // immutable once made.
 type result struct {
-	refs atomic.Int32
+	refs  atomic.Int32
+	idBuf []byte // workID's bytes, reused with the result
 	resultFields
 }
 
 var resultPool = sync.Pool{New: func() any { return new(result) }}
 
-// newResult returns a result holding f, with one reference.
+// newResult returns a result holding f, with one reference. It copies the
+// work id into its own bytes (f's may be a work item's, which goes back to
+// its pool first), so r.workID, too, is valid only while r is referenced:
+// whatever keeps it longer copies it.
 func newResult(f resultFields) *result {
 	r := resultPool.Get().(*result)
 	r.resultFields = f
+	r.idBuf = append(r.idBuf[:0], f.workID...)
+	r.workID = unsafe.String(unsafe.SliceData(r.idBuf), len(r.idBuf))
 	r.refs.Store(1)
 	return r
 }

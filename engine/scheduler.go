@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/meshnet/shardd/backend"
@@ -237,7 +238,7 @@ func (s *scheduler) unpin(w *work) {
 // place in the queue count go.
 func (s *scheduler) retire(w *work) {
 	s.unpin(w)
-	s.fx.retired++
+	s.fx.retired = append(s.fx.retired, w)
 }
 
 // pop removes q's head (finished or refused). The rest move up, so the
@@ -781,7 +782,7 @@ func (s *scheduler) duplicate(w *work, sess *kvcache.Session) {
 		return
 	}
 	s.fx.deliver(w.st, reply{ack: &shardv1.Ack{
-		WorkId: w.workID, IdempotencyStep: w.step, Duplicate: true,
+		WorkId: strings.Clone(w.workID), IdempotencyStep: w.step, Duplicate: true,
 		CacheResult: &shardv1.CacheResult{Mode: w.mode, PastLen: uint64(sess.PastLen), CacheHit: true},
 	}}, true)
 }

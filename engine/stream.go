@@ -260,8 +260,10 @@ func releaseIf(b *bufpool.Buffer) {
 }
 
 // statusFor builds the ShardStatus for a refused unit of work.
+// workID is copied: a work item's is reused once the item is answered,
+// while the status waits to be sent.
 func statusFor(session, workID string, step uint64, err error) *shardv1.ShardStatus {
-	return &shardv1.ShardStatus{WorkId: workID, RouteSessionId: session, IdempotencyStep: step, Error: wireerr.ToShardError(err)}
+	return &shardv1.ShardStatus{WorkId: strings.Clone(workID), RouteSessionId: session, IdempotencyStep: step, Error: wireerr.ToShardError(err)}
 }
 
 // Session serves one Route Session Activation Seam.
@@ -457,19 +459,21 @@ func (e *Engine) handle(st *stream, in *decode.Inbound) {
 
 // onWork validates a chunk (env, bundle) or a decode step (d) and submits it.
 func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d *shardv1.DecodeStep, b *shardv1.TensorBundle) {
-	w := &work{st: st, in: in, epoch: st.epoch, bytesIn: in.Len()}
+	w := newWork(st, in)
 	if e.obs.on {
 		w.tm.decodeStart, w.tm.decodeEnd = in.DecodeStart, in.DecodeEnd
 		e.obs.bytesIn.Add(st.ctx, int64(in.Len()))
 	}
 	if d != nil {
-		w.workID, w.step = strings.Clone(d.WorkId), d.IdempotencyStep
+		w.setWorkID(d.WorkId)
+		w.step = d.IdempotencyStep
 	} else if env != nil {
-		w.workID, w.step = strings.Clone(env.WorkId), env.IdempotencyStep
+		w.setWorkID(env.WorkId)
+		w.step = env.IdempotencyStep
 	}
 	refuse := func(err error) {
-		w.releaseInput()
 		st.deliver(reply{status: statusFor(st.id, w.workID, w.step, err)}, false)
+		w.recycle()
 	}
 	if err := st.admitWork(); err != nil {
 		refuse(err)
@@ -477,8 +481,8 @@ func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d
 	}
 	// From here the item holds a credit: every path answers it as work.
 	fail := func(err error) {
-		w.releaseInput()
 		st.deliver(reply{status: statusFor(st.id, w.workID, w.step, err)}, true)
+		w.recycle()
 	}
 	if uint64(in.Len()) > st.fc.chunkBytes {
 		fail(wireerr.Errorf(ErrChunkBytes, "%d bytes, limit %d", in.Len(), st.fc.chunkBytes))
@@ -510,8 +514,9 @@ func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d
 		fail(wireerr.Errorf(ErrQueueFull, "%d items queued", e.cfg.MaxQueue))
 		return
 	}
-	e.submitQ <- w // capacity MaxQueue: never blocks
-	if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE {
+	decoding := w.mode == shardv1.CacheMode_CACHE_MODE_DECODE
+	e.submitQ <- w // capacity MaxQueue: never blocks; w is the scheduler's now
+	if decoding {
 		if pb, ok := e.be.(backend.Preemptible); ok {
 			pb.Preempt()
 		}

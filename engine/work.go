@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/binary"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -25,10 +26,17 @@ const (
 // work is one unit of work: a prefill chunk or a decode step, from receipt to
 // its reply. Fields above the line are set by the receive goroutine; the
 // rest belong to the scheduler.
+//
+// Items come from workPool and go back to it once answered (recycle), so a
+// decode step allocates none. Their work id lives in the item's own bytes
+// (idBuf), reused with it: w.workID is valid only while the item is, and
+// whatever keeps a work id longer copies it (statusFor, newResult, the
+// bare duplicate Ack).
 type work struct {
 	st       *stream
 	in       *decode.Inbound // the received message; released once rows are in a batch
-	workID   string          // cloned
+	workID   string          // views idBuf
+	idBuf    []byte
 	step     uint64
 	epoch    uint64
 	phase    shardv1.Phase
@@ -59,6 +67,34 @@ type work struct {
 	hit      bool
 	queued   time.Time // by the scheduler's clock
 	started  time.Time
+}
+
+var workPool = sync.Pool{New: func() any { return new(work) }}
+
+// newWork returns an empty item from the pool for st's message in.
+func newWork(st *stream, in *decode.Inbound) *work {
+	w := workPool.Get().(*work)
+	w.st, w.in, w.epoch, w.bytesIn = st, in, st.epoch, in.Len()
+	return w
+}
+
+// setWorkID copies id into the item's own bytes.
+func (w *work) setWorkID(id string) {
+	w.idBuf = append(w.idBuf[:0], id...)
+	w.workID = unsafe.String(unsafe.SliceData(w.idBuf), len(w.idBuf))
+}
+
+// recycle returns an answered item to the pool, keeping its arrays (the
+// id's bytes, the tensor's segment list). Nothing may hold w afterwards:
+// until the pool hands it out again its stream is nil, so a late use
+// fails at once.
+func (w *work) recycle() {
+	w.releaseInput()
+	if w.out != nil {
+		w.out.Release()
+	}
+	*w = work{idBuf: w.idBuf[:0], hidden: w.hidden}
+	workPool.Put(w)
 }
 
 // chunkInfo is a prefill chunk's place in its prefill (ChunkInfo, by value).
