@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"math"
@@ -103,13 +104,23 @@ func wire(t testing.TB, req *shardv1.SessionRequest) mem.BufferSlice {
 }
 
 // A decode step costs the worker no allocation, from the received bytes
-// to the serialized reply: a session on a middle shard (hidden states in
-// and out, bf16 with CRC32C, as a head sends them) decodes step after
-// step through Session over memStream, the forward on the fake backend
-// (which then records nothing). gRPC's transport, which BenchmarkDecodeHop
-// counts with the rest, is the part left out.
+// to the serialized reply: a session on a first shard (token ids in), a
+// middle one (bf16 hidden states with CRC32C in and out, as a head sends
+// them) and a last one (logits out) decodes step after step through
+// Session over memStream, the forward on the fake backend (which then
+// records nothing). gRPC's transport, which BenchmarkDecodeHop counts with
+// the rest, is the part left out.
 func TestSessionDecodeStepAllocs(t *testing.T) {
-	fb := newFake(false, false)
+	for _, shard := range []struct {
+		name        string
+		first, last bool
+	}{{"first", true, false}, {"middle", false, false}, {"last", false, true}} {
+		t.Run(shard.name, func(t *testing.T) { sessionDecodeStepAllocs(t, shard.first, shard.last) })
+	}
+}
+
+func sessionDecodeStepAllocs(t *testing.T, first, last bool) {
+	fb := newFake(first, last)
 	fb.quiet = true
 	e := New(Config{EvictGrace: -1}, fb, fakeMeta(), quietLog())
 	defer e.Close()
@@ -133,12 +144,20 @@ func TestSessionDecodeStepAllocs(t *testing.T) {
 	}}})
 	framer := frameout.New(bufpool.Default)
 	defer framer.Close()
-	hidden := func(rows int) *shardv1.NamedTensor {
+	input := func(rows int) *shardv1.NamedTensor {
+		nt := &shardv1.NamedTensor{}
+		if first {
+			body := make([]byte, 4*rows)
+			for i := range rows {
+				binary.LittleEndian.PutUint32(body[4*i:], uint32(i+3)%uint32(fb.info.Vocab))
+			}
+			framer.Frame(nt, nameInputIDs, []int64{int64(rows)}, shardv1.DType_DTYPE_INT32, body, frameout.Options{})
+			return nt
+		}
 		body := make([]byte, 2*rows*fb.info.Hidden)
 		for i := range body {
 			body[i] = byte(i*7 + rows)
 		}
-		nt := &shardv1.NamedTensor{}
 		framer.Frame(nt, nameHidden, []int64{int64(rows), int64(fb.info.Hidden)}, shardv1.DType_DTYPE_BFLOAT16, body, frameout.Options{})
 		return nt
 	}
@@ -149,7 +168,7 @@ func TestSessionDecodeStepAllocs(t *testing.T) {
 			Position: &shardv1.PositionSpan{TokenCount: prompt}, IdempotencyStep: 1,
 			CacheExpectation: &shardv1.CacheExpectation{Mode: shardv1.CacheMode_CACHE_MODE_PREFILL},
 		},
-		Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: []*shardv1.NamedTensor{hidden(prompt)}},
+		Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: []*shardv1.NamedTensor{input(prompt)}},
 	}}})
 	<-ms.acked
 
@@ -160,7 +179,7 @@ func TestSessionDecodeStepAllocs(t *testing.T) {
 		pos := uint64(prompt + i)
 		steps[i] = wire(t, &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
 			IdempotencyStep: uint64(2 + i), Position: pos, ExpectedPastLen: pos,
-			Tensor: hidden(1), WorkId: fmt.Sprintf("alloc/%d", 2+i),
+			Tensor: input(1), WorkId: fmt.Sprintf("alloc/%d", 2+i),
 		}}})
 	}
 	next := 0

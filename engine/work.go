@@ -50,7 +50,7 @@ type work struct {
 	tm       timings // when the engine observes
 	bytesIn  int
 
-	tokenIDs []int32       // first shard: input ids, aliasing the message
+	tokenIDs []int32       // first shard: input ids, decoded into the item's own array
 	hidden   stages.Tensor // other shards: validated hidden states
 	hiddenB  []byte        // hidden's contiguous bytes
 	hiddenF  bool          // hidden is f32 rather than bf16
@@ -85,7 +85,7 @@ func (w *work) setWorkID(id string) {
 }
 
 // recycle returns an answered item to the pool, keeping its arrays (the
-// id's bytes, the tensor's segment list). Nothing may hold w afterwards:
+// id's bytes, the token ids, the tensor's segment list). Nothing may hold w afterwards:
 // until the pool hands it out again its stream is nil, so a late use
 // fails at once.
 func (w *work) recycle() {
@@ -93,7 +93,7 @@ func (w *work) recycle() {
 	if w.out != nil {
 		w.out.Release()
 	}
-	*w = work{idBuf: w.idBuf[:0], hidden: w.hidden}
+	*w = work{idBuf: w.idBuf[:0], hidden: w.hidden, tokenIDs: w.tokenIDs[:0]}
 	workPool.Put(w)
 }
 
@@ -146,7 +146,7 @@ func (w *work) outputRows() int {
 // releaseInput drops the received message and the tensor view into it.
 func (w *work) releaseInput() {
 	w.hidden.Reset()
-	w.hiddenB, w.tokenIDs = nil, nil
+	w.hiddenB, w.tokenIDs = nil, w.tokenIDs[:0]
 	if w.in != nil {
 		w.in.Release()
 		inboundPool.Put(w.in)
@@ -154,18 +154,9 @@ func (w *work) releaseInput() {
 	}
 }
 
-// int32s views little-endian int32 bytes as []int32 without copying (the
-// project targets little-endian machines; see checkLittleEndian). b must be
-// 4-byte aligned: see alignedBody.
-func int32s(b []byte) []int32 {
-	if len(b) < 4 {
-		return nil
-	}
-	return unsafe.Slice((*int32)(unsafe.Pointer(&b[0])), len(b)/4)
-}
-
-// f32s views little-endian float32 bytes as []float32 without copying; b
-// must be 4-byte aligned.
+// f32s views little-endian float32 bytes as []float32 without copying (the
+// project targets little-endian machines; see checkLittleEndian); b must
+// be 4-byte aligned: see alignedBody.
 func f32s(b []byte) []float32 {
 	if len(b) < 4 {
 		return nil
@@ -173,7 +164,7 @@ func f32s(b []byte) []float32 {
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
 }
 
-// alignedBody returns t's body 4-byte aligned for int32s and f32s. A payload
+// alignedBody returns t's body 4-byte aligned for f32s. A payload
 // aliases the received message at whatever offset protobuf put it, so it may
 // be misaligned; then it is copied once into a pooled buffer (pooled memory
 // is allocated aligned) that t owns.
@@ -259,12 +250,17 @@ func (e *Engine) parseInput(w *work, nt *shardv1.NamedTensor, zstdOK bool) error
 		if w.hidden.DType != shardv1.DType_DTYPE_INT32 || elems != int64(w.tokens) {
 			return wireerr.Errorf(ErrTensorShape, "input_ids must be INT32 with %d elements", w.tokens)
 		}
-		w.tokenIDs = int32s(alignedBody(&w.hidden, body, e.pool))
-		for _, id := range w.tokenIDs {
+		// Decoded into the item's own array, which it keeps from one use
+		// to the next: no alignment copy of the message into a buffer.
+		ids := w.tokenIDs[:0]
+		for i := 0; i+4 <= len(body); i += 4 {
+			id := int32(binary.LittleEndian.Uint32(body[i:]))
 			if id < 0 || int(id) >= e.info.Vocab {
 				return wireerr.Errorf(ErrTokenRange, "token %d, vocabulary %d", id, e.info.Vocab)
 			}
+			ids = append(ids, id)
 		}
+		w.tokenIDs = ids
 		return nil
 	}
 	shape := w.hidden.Shape

@@ -10,7 +10,7 @@ import (
 )
 
 // A payload aliasing the message at an odd offset is copied to aligned
-// memory before int32s/f32s view it; an aligned one is used as is.
+// memory before f32s views it; an aligned one is used as is.
 func TestAlignedBody(t *testing.T) {
 	pool := bufpooltest.New(t)
 	backing := make([]byte, 64+1)
@@ -27,7 +27,7 @@ func TestAlignedBody(t *testing.T) {
 	if uintptr(unsafe.Pointer(&got[0]))%4 != 0 || !bytes.Equal(got, odd) || &got[0] == &odd[0] {
 		t.Fatal("misaligned body was not copied to aligned memory")
 	}
-	if v := int32s(got); len(v) != len(odd)/4 {
+	if v := f32s(got); len(v) != len(odd)/4 {
 		t.Fatalf("view of %d values", len(v))
 	}
 	aligned := backing[:64:64]
