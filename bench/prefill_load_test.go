@@ -136,11 +136,16 @@ func (h *headSession) runExec(first int, ids []int32, decode bool) (time.Duratio
 // without the decoding session, in the same run. The last case reports the
 // two ratios issue 16 sets targets for: p99-ratio (decode p99 with prefill
 // over idle; target <= 1.5) and prefill-share (prefill tokens/s while a
-// session decodes over prefill alone; target >= 0.4).
+// session decodes over prefill alone; target >= 0.4). Where the host runs
+// kdamond (see kernelThreads) the decoding cases also report the steps it
+// came near (kdamond-steps) and the p99 of the others (quiet-p99-ns), and
+// the last their ratio (quiet-p99-ratio): what the scheduler does to the
+// tail, apart from the host's stalls, which set the plain p99 there.
 func BenchmarkDecodeUnderPrefill(b *testing.B) {
 	model := benchModel(b)
 	cfg := benchEngineConfig(b, engine.Config{MaxSessions: 7})
-	var idleP99, aloneRate float64 // from this round's earlier cases
+	var idleP99, idleQuietP99, aloneRate float64 // from this round's earlier cases
+	kd := findKernelThreads("kdamond")
 	for _, c := range []struct {
 		name              string
 		prefill, decoding bool
@@ -156,6 +161,8 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 				startPrefills(b, ctx, client, id, 4, &prefilled, &wg, errs)
 			}
 			var lat, exec []time.Duration
+			var quiet []time.Duration // steps away from kdamond's samples
+			var sampled time.Time     // when a step last saw kdamond run
 			var h *headSession
 			if c.decoding {
 				h = openHead(b, ctx, client, id, "decoder")
@@ -177,13 +184,20 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 					}
 					pos = 4
 				}
+				k0 := kd.cpu()
 				t := time.Now()
 				ex, err := h.runExec(pos, []int32{int32(pos % 32000)}, true)
 				if err != nil {
 					b.Fatal(err)
 				}
-				lat = append(lat, time.Since(t))
+				l := time.Since(t)
+				lat = append(lat, l)
 				exec = append(exec, ex)
+				if kd.cpu()-k0 >= time.Millisecond {
+					sampled = time.Now()
+				} else if t.Sub(sampled) > kdamondAftermath {
+					quiet = append(quiet, l)
+				}
 				pos++
 			}
 			if d := 3*time.Second - time.Since(t0); !c.decoding && d > 0 {
@@ -209,10 +223,19 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 				// The worker's own execution of the steps: a p99 far
 				// below the latency's is time spent queued or on the wire.
 				b.ReportMetric(percentile(exec, 0.99), "exec-p99-ns")
+				if kd.ok() && len(quiet) > 0 {
+					// The steps the host's kdamond ran during, and the
+					// p99 of the others (see kernelThreads).
+					b.ReportMetric(float64(len(lat)-len(quiet)), "kdamond-steps")
+					b.ReportMetric(percentile(quiet, 0.99), "quiet-p99-ns")
+				}
 			}
 			switch c.name {
 			case "idle":
 				idleP99 = percentile(lat, 0.99)
+				if len(quiet) > 0 {
+					idleQuietP99 = percentile(quiet, 0.99)
+				}
 			case "prefill-alone":
 				aloneRate = rate
 			default:
@@ -220,10 +243,19 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 					b.ReportMetric(percentile(lat, 0.99)/idleP99, "p99-ratio")
 					b.ReportMetric(rate/aloneRate, "prefill-share")
 				}
+				if kd.ok() && idleQuietP99 > 0 && len(quiet) > 0 {
+					b.ReportMetric(percentile(quiet, 0.99)/idleQuietP99, "quiet-p99-ratio")
+				}
 			}
 		})
 	}
 }
+
+// kdamondAftermath: forwards stay slow for a while after a kdamond sample
+// ends (in the plain forward loop of kernelThreads' note, the forward
+// after the one it ran during was as slow in most samples), so a step
+// that starts within this long of one is not counted as quiet either.
+const kdamondAftermath = 100 * time.Millisecond
 
 // underPrefillWorker serves the whole model with the real engine on
 // loopback (2 threads) and returns a client of it; everything stops when
