@@ -1,67 +1,13 @@
 package bench
 
 import (
-	"bytes"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/backend/llamacpp"
+	"github.com/meshnet/shardd/internal/hoststat"
 )
-
-// kernelThreads are kernel threads whose CPU time a benchmark watches: what
-// the host runs beside it on the same CPUs, outside anything the process
-// controls.
-//
-// Why: the VMs these benchmarks run on have DAMON on (kdamond, monitoring
-// physical memory with a pageout scheme). Each of its samples, every
-// 500 ms, walks the reverse map of thousands of pages and clears their
-// accessed bits; with a model's pages mapped and in use that takes it
-// 20-40 ms of CPU a sample (400 ms in a 14 s run, against 20 ms in 10 s with
-// the machine idle), and a llama.cpp forward whose threads meet at spinning
-// barriers stalls for as long: in a plain loop of one-row forwards with
-// nothing else running, one every 530-570 ms took 35-90 ms against a p50 of
-// 9 ms (PERF.md, "What sets the decode p99 on these machines"). A latency
-// p99 over a few seconds of 8-15 ms steps is then set by those stalls.
-type kernelThreads struct{ stats []string }
-
-// findKernelThreads returns the kernel threads whose name starts with
-// prefix (none where there are none, or /proc cannot be read).
-func findKernelThreads(prefix string) kernelThreads {
-	var k kernelThreads
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		comm, err := os.ReadFile(filepath.Join(d, "comm"))
-		if err != nil || !strings.HasPrefix(string(comm), prefix) {
-			continue
-		}
-		k.stats = append(k.stats, filepath.Join(d, "schedstat"))
-	}
-	return k
-}
-
-// ok reports whether there is anything to watch.
-func (k kernelThreads) ok() bool { return len(k.stats) > 0 }
-
-// cpu is the threads' CPU time so far (schedstat's first field: time on a
-// CPU, in nanoseconds).
-func (k kernelThreads) cpu() time.Duration {
-	var sum time.Duration
-	for _, p := range k.stats {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		f, _, _ := bytes.Cut(b, []byte(" "))
-		n, _ := strconv.ParseInt(string(f), 10, 64)
-		sum += time.Duration(n)
-	}
-	return sum
-}
 
 // BenchmarkForwardTail: one-row forwards of one sequence on the bench
 // preset (2 threads, pinned as in DecodeUnderPrefill) in a plain loop, with
@@ -82,7 +28,7 @@ func BenchmarkForwardTail(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer be.FreeBatch(bt)
-	kd := findKernelThreads("kdamond")
+	kd := hoststat.Kdamond()
 	var out backend.Output
 	var all, quiet []time.Duration
 	var near []bool
@@ -97,7 +43,7 @@ func BenchmarkForwardTail(b *testing.B) {
 		if err := bt.AddToken(0, pos, int32(pos%100+5), true); err != nil {
 			b.Fatal(err)
 		}
-		k0 := kd.cpu()
+		k0 := kd.CPU()
 		t := time.Now()
 		if err := be.Forward(bt, &out); err != nil {
 			b.Fatal(err)
@@ -105,7 +51,7 @@ func BenchmarkForwardTail(b *testing.B) {
 		d := time.Since(t)
 		pos++
 		all = append(all, d)
-		if kd.cpu()-k0 >= time.Millisecond {
+		if kd.CPU()-k0 >= time.Millisecond {
 			sampled = time.Now()
 			near = append(near, true)
 		} else if t.Sub(sampled) <= kdamondAftermath {
@@ -128,7 +74,7 @@ func BenchmarkForwardTail(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(slow), "slow")
-	if kd.ok() && len(quiet) > 0 {
+	if kd.Found() && len(quiet) > 0 {
 		b.ReportMetric(float64(len(all)-len(quiet)), "kdamond-forwards")
 		b.ReportMetric(float64(slowNear), "slow-kdamond")
 		b.ReportMetric(percentile(quiet, 0.99), "quiet-p99-ns")

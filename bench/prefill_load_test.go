@@ -20,6 +20,7 @@ import (
 	"github.com/meshnet/shardd/engine"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/internal/hoststat"
 	"github.com/meshnet/shardd/stages/decode"
 	"github.com/meshnet/shardd/stages/frameout"
 )
@@ -137,7 +138,7 @@ func (h *headSession) runExec(first int, ids []int32, decode bool) (time.Duratio
 // two ratios issue 16 sets targets for: p99-ratio (decode p99 with prefill
 // over idle; target <= 1.5) and prefill-share (prefill tokens/s while a
 // session decodes over prefill alone; target >= 0.4). Where the host runs
-// kdamond (see kernelThreads) the decoding cases also report the steps it
+// kdamond (see internal/hoststat) the decoding cases also report the steps it
 // came near (kdamond-steps) and the p99 of the others (quiet-p99-ns), and
 // the last their ratio (quiet-p99-ratio): what the scheduler does to the
 // tail, apart from the host's stalls, which set the plain p99 there.
@@ -145,7 +146,7 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 	model := benchModel(b)
 	cfg := benchEngineConfig(b, engine.Config{MaxSessions: 7})
 	var idleP99, idleQuietP99, aloneRate float64 // from this round's earlier cases
-	kd := findKernelThreads("kdamond")
+	kd := hoststat.Kdamond()
 	for _, c := range []struct {
 		name              string
 		prefill, decoding bool
@@ -184,7 +185,7 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 					}
 					pos = 4
 				}
-				k0 := kd.cpu()
+				k0 := kd.CPU()
 				t := time.Now()
 				ex, err := h.runExec(pos, []int32{int32(pos % 32000)}, true)
 				if err != nil {
@@ -193,7 +194,7 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 				l := time.Since(t)
 				lat = append(lat, l)
 				exec = append(exec, ex)
-				if kd.cpu()-k0 >= time.Millisecond {
+				if kd.CPU()-k0 >= time.Millisecond {
 					sampled = time.Now()
 				} else if t.Sub(sampled) > kdamondAftermath {
 					quiet = append(quiet, l)
@@ -223,9 +224,9 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 				// The worker's own execution of the steps: a p99 far
 				// below the latency's is time spent queued or on the wire.
 				b.ReportMetric(percentile(exec, 0.99), "exec-p99-ns")
-				if kd.ok() && len(quiet) > 0 {
+				if kd.Found() && len(quiet) > 0 {
 					// The steps the host's kdamond ran during, and the
-					// p99 of the others (see kernelThreads).
+					// p99 of the others (see internal/hoststat).
 					b.ReportMetric(float64(len(lat)-len(quiet)), "kdamond-steps")
 					b.ReportMetric(percentile(quiet, 0.99), "quiet-p99-ns")
 				}
@@ -243,7 +244,7 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 					b.ReportMetric(percentile(lat, 0.99)/idleP99, "p99-ratio")
 					b.ReportMetric(rate/aloneRate, "prefill-share")
 				}
-				if kd.ok() && idleQuietP99 > 0 && len(quiet) > 0 {
+				if kd.Found() && idleQuietP99 > 0 && len(quiet) > 0 {
 					b.ReportMetric(percentile(quiet, 0.99)/idleQuietP99, "quiet-p99-ratio")
 				}
 			}
@@ -252,7 +253,7 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 }
 
 // kdamondAftermath: forwards stay slow for a while after a kdamond sample
-// ends (in the plain forward loop of kernelThreads' note, the forward
+// ends (in a plain loop of forwards, BenchmarkForwardTail, the forward
 // after the one it ran during was as slow in most samples), so a step
 // that starts within this long of one is not counted as quiet either.
 const kdamondAftermath = 100 * time.Millisecond

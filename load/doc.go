@@ -36,7 +36,10 @@
 //   - errors by the worker's ErrorCode (or DEADLINE, CANCELED, TRANSPORT,
 //     SHED), retries and re-prefills after a cache miss;
 //   - the harness's own CPU time per generated token, so a reader can see
-//     what it took from the workers' cores.
+//     what it took from the workers' cores;
+//   - on a Linux host that runs DAMON, the CPU time its kdamond used during
+//     the run (forwards stall while it runs: a tail that grows with it is
+//     the host's; see internal/hoststat).
 //
 // Links put a toxiproxy proxy (in the harness's process, on loopback) in
 // front of a hop's worker with added latency, jitter or a bandwidth cap. In shardd the head carries every activation, so a hop's

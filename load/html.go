@@ -134,8 +134,8 @@ seed {{.R.Workload.Seed}}; {{.R.Workload.Rounds}} round(s){{if .R.Workload.SLO}}
 {{range .R.Targets}}<tr><td>{{.Name}}</td><td>{{range .Workers}}{{.}} {{end}}</td><td>{{range .Ranges}}{{.}} {{end}}</td><td>{{range .Threads}}{{.}} {{end}}</td><td>{{range .CPUs}}{{.}} {{end}}</td><td>{{range .Links}}{{.}} {{end}}</td></tr>
 {{end}}</table>
 <h2>Runs</h2>
-<table><tr><th>run</th><th>requests</th><th>errors</th><th>tokens/s</th><th>steady tokens/s</th><th>TTFT p50</th><th>TTFT p99</th><th>ITL p50</th><th>ITL p99</th><th>TPOT p50</th><th>E2E p99</th><th>goodput</th><th>harness CPU/token</th></tr>
-{{range .R.Runs}}<tr><td>{{.Label}}</td><td>{{.Requests}}</td><td>{{.Errors}}</td><td>{{printf "%.1f" .OutputTokensPerS}}</td><td>{{printf "%.1f" .SteadyTokensPerS}}</td><td>{{ms .TTFT.P50}}</td><td>{{ms .TTFT.P99}}</td><td>{{ms .ITL.P50}}</td><td>{{ms .ITL.P99}}</td><td>{{ms .TPOT.P50}}</td><td>{{ms .E2E.P99}}</td><td>{{printf "%.3f" .Goodput}}</td><td>{{printf "%.0f" .HarnessCPUPerTokenMicros}} us</td></tr>
+<table><tr><th>run</th><th>requests</th><th>errors</th><th>tokens/s</th><th>steady tokens/s</th><th>TTFT p50</th><th>TTFT p99</th><th>ITL p50</th><th>ITL p99</th><th>TPOT p50</th><th>E2E p99</th><th>goodput</th><th>harness CPU/token</th><th>host kdamond CPU</th></tr>
+{{range .R.Runs}}<tr><td>{{.Label}}</td><td>{{.Requests}}</td><td>{{.Errors}}</td><td>{{printf "%.1f" .OutputTokensPerS}}</td><td>{{printf "%.1f" .SteadyTokensPerS}}</td><td>{{ms .TTFT.P50}}</td><td>{{ms .TTFT.P99}}</td><td>{{ms .ITL.P50}}</td><td>{{ms .ITL.P99}}</td><td>{{ms .TPOT.P50}}</td><td>{{ms .E2E.P99}}</td><td>{{printf "%.3f" .Goodput}}</td><td>{{printf "%.0f" .HarnessCPUPerTokenMicros}} us</td><td>{{ms .HostKdamondMillis}}</td></tr>
 {{end}}</table>
 {{if gt (len .R.Medians) 1}}<h2>Medians over rounds</h2>
 <table><tr><th>target</th><th>load</th><th>rounds</th><th>tokens/s</th><th>spread</th><th>steady tokens/s</th><th>spread</th><th>ratio</th><th>TTFT p99</th><th>ITL p99</th></tr>

@@ -221,6 +221,7 @@ func (r *Report) WriteText(w io.Writer) {
 			msf(s.TPOT.P50), msf(s.E2E.P99), s.Goodput, s.HarnessCPUPerTokenMicros)
 	}
 	tw.Flush()
+	r.writeHost(w)
 	fmt.Fprintln(w, "\nper hop, decode steps (exec: the worker's own execution; wire: the head's wait beyond it)")
 	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "run\thop\tworker\tsteps\texec p50\texec p99\twire p50\twire p99\tprefill exec p50\t")
@@ -329,4 +330,18 @@ func stageNames(stages []map[string]Dist) []string {
 		}
 	}
 	return out
+}
+
+// writeHost notes what the host's kdamond ran during each run, where it
+// ran at all: the forwards it stalled are in the latency tails above.
+func (r *Report) writeHost(w io.Writer) {
+	var parts []string
+	for _, s := range r.Runs {
+		if s.HostKdamondMillis > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f ms", s.Label, s.HostKdamondMillis))
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "\nhost: kdamond (the kernel's memory monitor) used this much CPU during each run, and forwards stall while it runs: %s\n", strings.Join(parts, ", "))
+	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/meshnet/shardd/internal/hoststat"
 	"github.com/meshnet/shardd/route"
 )
 
@@ -218,6 +219,8 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 
 	spanFrom := time.Now()
 	cpu0 := processCPU()
+	kd := hoststat.Kdamond()
+	kd0 := kd.CPU()
 	rec.mu.Lock()
 	rec.on, rec.start = true, time.Now()
 	rec.mu.Unlock()
@@ -228,6 +231,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	rec.on = false
 	rec.mu.Unlock()
 	cpu := processCPU() - cpu0
+	kdCPU := kd.CPU() - kd0
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
@@ -235,6 +239,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	if s.OutputTokens > 0 {
 		s.HarnessCPUPerTokenMicros = float64(cpu.Microseconds()) / float64(s.OutputTokens)
 	}
+	s.HostKdamondMillis = float64(kdCPU.Microseconds()) / 1000
 	if len(t.SpanFiles) > 0 {
 		end := time.Now()
 		time.Sleep(t.SpanFlush)

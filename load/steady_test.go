@@ -2,6 +2,7 @@ package load
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,4 +48,20 @@ func TestSteadyWindow(t *testing.T) {
 	near("median steady", m.SteadyTokensPerS, 120)
 	near("steady spread", m.SteadySpread, 3.0/120)
 	near("spread", m.Spread, 20.0/90)
+}
+
+// The text report notes the host's kdamond CPU per run where it ran, and
+// says nothing where it did not.
+func TestReportHostKdamond(t *testing.T) {
+	r := &Report{Runs: []*Summary{{Label: "a c=16 r1", HostKdamondMillis: 412.4}, {Label: "b c=16 r1"}}}
+	var out strings.Builder
+	r.writeHost(&out)
+	if got := out.String(); !strings.Contains(got, "kdamond") || !strings.Contains(got, "a c=16 r1 412 ms") || strings.Contains(got, "b c=16") {
+		t.Fatalf("host note %q", got)
+	}
+	out.Reset()
+	(&Report{Runs: []*Summary{{Label: "b"}}}).writeHost(&out)
+	if out.Len() != 0 {
+		t.Fatalf("host note %q on a host without kdamond", out.String())
+	}
 }

@@ -114,6 +114,11 @@ type Summary struct {
 	// HarnessCPUPerTokenMicros is the harness's own CPU time (user and
 	// system) per generated token.
 	HarnessCPUPerTokenMicros float64 `json:"harness_cpu_per_token_us"`
+	// HostKdamondMillis is the CPU time the host's kdamond (DAMON's memory
+	// monitor; see internal/hoststat) used during the measured phase, on
+	// a Linux host that runs it. A forward stalls while it runs, so a
+	// latency tail that grows with it is the host's, not the route's.
+	HostKdamondMillis float64 `json:"host_kdamond_ms,omitempty"`
 	// ITLSeries is [seconds since the measured phase began, ITL ms]
 	// points (a sample of at most 20,000).
 	ITLSeries [][2]float64 `json:"itl_series"`
