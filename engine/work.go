@@ -37,6 +37,7 @@ type work struct {
 	in       *decode.Inbound // the received message; released once rows are in a batch
 	workID   string          // views idBuf
 	idBuf    []byte
+	free     bool // in workPool
 	step     uint64
 	epoch    uint64
 	phase    shardv1.Phase
@@ -74,6 +75,7 @@ var workPool = sync.Pool{New: func() any { return new(work) }}
 // newWork returns an empty item from the pool for st's message in.
 func newWork(st *stream, in *decode.Inbound) *work {
 	w := workPool.Get().(*work)
+	w.free = false
 	w.st, w.in, w.epoch, w.bytesIn = st, in, st.epoch, in.Len()
 	return w
 }
@@ -89,11 +91,15 @@ func (w *work) setWorkID(id string) {
 // until the pool hands it out again its stream is nil, so a late use
 // fails at once.
 func (w *work) recycle() {
+	if w.free {
+		// Two holders would share the item the pool hands out next.
+		panic("engine: work item recycled twice")
+	}
 	w.releaseInput()
 	if w.out != nil {
 		w.out.Release()
 	}
-	*w = work{idBuf: w.idBuf[:0], hidden: w.hidden, tokenIDs: w.tokenIDs[:0]}
+	*w = work{idBuf: w.idBuf[:0], hidden: w.hidden, tokenIDs: w.tokenIDs[:0], free: true}
 	workPool.Put(w)
 }
 

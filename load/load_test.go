@@ -36,7 +36,7 @@ func smallWorkload(c, requests int) Workload {
 // The report recovers what the route is known to cost: every forward of
 // the fake backend takes 4 ms, and a proxy adds 3 ms each way on hop 1
 // only. With one request in flight, the head must see hop exec 4 ms (+1.5)
-// on both hops, hop 0's wire under 1.5 ms, hop 1's wire 6 ms more than
+// on both hops, hop 0's wire under 2.5 ms, hop 1's wire 6 ms more than
 // hop 0's (+2 ms for the proxy's own copies: the round trip's added
 // latency), and each inter-token gap the sum of the hops (-0.5, +2 ms for
 // the head's own sampling and framing, on a busy machine).
@@ -58,7 +58,9 @@ func TestReportRecoversKnownCosts(t *testing.T) {
 	// Tolerances: a sleep overshoots by up to about a millisecond on a
 	// busy machine; loopback and the head's framing give a hop 0.3-0.9 ms
 	// of wire, the proxy's copies 0.3-0.6 ms more (measured, also under
-	// -race).
+	// -race), and 1.51 ms once in CI with other packages' tests on the
+	// same two CPUs. Hop 0's wire bound only needs to tell wire from the
+	// 4 ms of exec (a harness that put one in the other).
 	within := func(name string, got, lo, hi float64) {
 		t.Helper()
 		if got < lo || got > hi {
@@ -72,7 +74,7 @@ func TestReportRecoversKnownCosts(t *testing.T) {
 			t.Errorf("hop %d: %d decode steps measured, want 56", i, h.Exec.Count)
 		}
 	}
-	within("hop 0 wire p50", s.Hops[0].Wire.P50, 0, 1.5)
+	within("hop 0 wire p50", s.Hops[0].Wire.P50, 0, 2.5)
 	within("hop 1 wire p50 - hop 0 wire p50", s.Hops[1].Wire.P50-s.Hops[0].Wire.P50, ms(2*oneWay), ms(2*oneWay)+2)
 	// A token is the two hops one after the other, plus the head's own
 	// sampling and framing.

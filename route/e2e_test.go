@@ -117,7 +117,12 @@ func (p *proc) stop() {
 // TestRouteSurvivesWorkerRestart: three shardd processes, two concurrent
 // generations; the middle worker is killed and restarted mid-generation. The
 // head recovers (retry, then CACHE_MISS -> one re-prefill) and both
-// generations still equal the unsplit model's tokens.
+// generations go on with the whole model's greedy tokens given their own
+// prefix, near ties aside (checkGreedy). Until 2026-12-02 it required them
+// to equal verify.Greedy's tokens exactly, which the re-prefill does not
+// promise; it failed once in CI, the tokens parting two steps after the
+// restart (whether at a near tie is not known: the logits were not kept;
+// this check tells the two apart).
 func TestRouteSurvivesWorkerRestart(t *testing.T) {
 	model, shards := tinyShards(t, 3)
 	procs := make([]*proc, 3)
@@ -171,16 +176,55 @@ func TestRouteSurvivesWorkerRestart(t *testing.T) {
 		if errs[g] != nil {
 			t.Fatalf("generation %d: %v (worker log: %s)", g, errs[g], procs[1].log)
 		}
-		want, err := verify.Greedy(model, prompts[g], n, 2)
-		if err != nil {
-			t.Fatal(err)
+		if len(got[g]) != n {
+			t.Fatalf("generation %d: %d tokens, want %d", g, len(got[g]), n)
 		}
-		if !slices.Equal(got[g], want) {
-			t.Fatalf("generation %d: route %v, unsplit %v", g, got[g], want)
-		}
+		// The route's boundaries are bf16: after layers 1 and 3 of 6.
+		checkGreedy(t, model, prompts[g], got[g], 1, 3)
 		if stats[g].Recoveries < 1 || stats[g].Retries < 1 {
 			t.Fatalf("generation %d did not go through recovery: %+v", g, stats[g])
 		}
+	}
+}
+
+// nearTie is how far below the model's best logit a route's greedy token
+// may be: the tiny preset's logits span about 6, rounding its residual
+// stream to bf16 at a boundary moves them by up to 0.011 (measured over
+// 384 positions of 12 prompts), and a recovery's re-prefill and a batch's
+// composition change the order of a few sums. 1-2% of its positions have
+// a best and second best closer than that.
+const nearTie = 0.05
+
+// checkGreedy requires each of a route's greedy tokens after prompt to be
+// the whole model's best given the route's own prefix (verify.Forced,
+// rounded to bf16 after the layers in roundAfter as the route rounds), or
+// within nearTie of it, and allows two such near ties in a generation. A
+// route that computes from wrong state (a lost or foreign KV cache, a
+// wrong position) picks tokens far below the best within a few steps.
+// Where the route is not bitwise the model (re-prefilled after a restart,
+// batched with other sessions) a near tie can go either way, and the
+// tokens after it then follow another path than verify.Greedy's: the
+// exact claim is TestDeterministicRoute's.
+func checkGreedy(t *testing.T, model string, prompt, got []int32, roundAfter ...int) {
+	t.Helper()
+	logits, err := verify.Forced(model, prompt, got, 2, roundAfter...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ties := 0
+	for i, l := range logits {
+		best := slices.Max(l)
+		switch below := best - l[got[i]]; {
+		case below == 0:
+		case below <= nearTie:
+			ties++
+			t.Logf("token %d (%d) is %.4f below the best: a near tie", i, got[i], below)
+		default:
+			t.Fatalf("token %d (%d) is %.4f below the model's best given the route's prefix %v", i, got[i], below, got[:i])
+		}
+	}
+	if ties > 2 {
+		t.Fatalf("%d near ties in %d tokens", ties, len(got))
 	}
 }
 
