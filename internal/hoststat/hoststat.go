@@ -7,9 +7,10 @@
 // scheme. Each of its samples (every 500 ms there) walks the reverse map of
 // thousands of pages and clears their accessed bits. With a model's pages
 // mapped and in use, that takes it tens of milliseconds of CPU a sample,
-// and a llama.cpp forward whose threads meet at spinning barriers stalls
-// for as long (PERF.md, "What sets the decode p99 on these machines"). A
-// latency p99 measured over a few seconds is then the host's, not shardd's.
+// and the llama.cpp forwards running meanwhile, and just after, take
+// several times their usual time (PERF.md, "What sets the decode p99 on
+// these machines"). A latency p99 measured over a few seconds is then the
+// host's, not shardd's.
 package hoststat
 
 import (
