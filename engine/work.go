@@ -87,9 +87,9 @@ func (w *work) setWorkID(id string) {
 }
 
 // recycle returns an answered item to the pool, keeping its arrays (the
-// id's bytes, the token ids, the tensor's segment list). Nothing may hold w afterwards:
-// until the pool hands it out again its stream is nil, so a late use
-// fails at once.
+// id's bytes, the token ids, the tensor's segment list). Nothing may hold
+// w afterwards: until the pool hands it out again its stream is nil, so a
+// late use fails at once, and a second recycle panics.
 func (w *work) recycle() {
 	if w.free {
 		// Two holders would share the item the pool hands out next.
