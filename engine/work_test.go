@@ -7,6 +7,7 @@ import (
 
 	"github.com/meshnet/shardd/bufpool/bufpooltest"
 	"github.com/meshnet/shardd/stages"
+	"github.com/meshnet/shardd/stages/decode"
 )
 
 // A payload aliasing the message at an odd offset is copied to aligned
@@ -34,4 +35,25 @@ func TestAlignedBody(t *testing.T) {
 	if uintptr(unsafe.Pointer(&aligned[0]))%4 == 0 && &alignedBody(&tensor, aligned, pool)[0] != &aligned[0] {
 		t.Fatal("aligned body was copied")
 	}
+}
+
+// A work item recycled twice would be handed to two messages at once: the
+// second recycle panics instead. A recycled item keeps its arrays and
+// nothing else.
+func TestWorkRecycle(t *testing.T) {
+	st := &stream{id: "s"}
+	in := inboundPool.Get().(*decode.Inbound)
+	w := newWork(st, in)
+	w.setWorkID("step/7")
+	w.tokenIDs = append(w.tokenIDs, 1, 2, 3)
+	w.recycle()
+	if w.st != nil || w.in != nil || w.workID != "" || len(w.tokenIDs) != 0 || cap(w.idBuf) < len("step/7") {
+		t.Fatalf("recycled item kept %+v", w)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("a second recycle did not panic")
+		}
+	}()
+	w.recycle()
 }
