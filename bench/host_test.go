@@ -28,11 +28,10 @@ func BenchmarkForwardTail(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer be.FreeBatch(bt)
-	kd := hoststat.Kdamond()
+	kd := watchKdamond()
 	var out backend.Output
 	var all, quiet []time.Duration
 	var near []bool
-	var sampled time.Time
 	pos := 0
 	for b.Loop() {
 		if pos == 1000 {
@@ -43,7 +42,7 @@ func BenchmarkForwardTail(b *testing.B) {
 		if err := bt.AddToken(0, pos, int32(pos%100+5), true); err != nil {
 			b.Fatal(err)
 		}
-		k0 := kd.CPU()
+		k0 := kd.cpu()
 		t := time.Now()
 		if err := be.Forward(bt, &out); err != nil {
 			b.Fatal(err)
@@ -51,13 +50,9 @@ func BenchmarkForwardTail(b *testing.B) {
 		d := time.Since(t)
 		pos++
 		all = append(all, d)
-		if kd.CPU()-k0 >= time.Millisecond {
-			sampled = time.Now()
-			near = append(near, true)
-		} else if t.Sub(sampled) <= kdamondAftermath {
-			near = append(near, true)
-		} else {
-			near = append(near, false)
+		n := kd.near(k0, t)
+		near = append(near, n)
+		if !n {
 			quiet = append(quiet, d)
 		}
 	}
@@ -80,3 +75,31 @@ func BenchmarkForwardTail(b *testing.B) {
 		b.ReportMetric(percentile(quiet, 0.99), "quiet-p99-ns")
 	}
 }
+
+// kdamondWatch tells the timed steps kdamond came near: it ran during the
+// step, or ended within kdamondAftermath before the step began.
+type kdamondWatch struct {
+	hoststat.Threads
+	sampled time.Time // when a step last saw it run
+}
+
+func watchKdamond() *kdamondWatch { return &kdamondWatch{Threads: hoststat.Kdamond()} }
+
+// cpu is kdamond's CPU time so far: read it before a step.
+func (w *kdamondWatch) cpu() time.Duration { return w.CPU() }
+
+// near reports whether kdamond came near the step that began at t, when
+// its CPU time read k0.
+func (w *kdamondWatch) near(k0 time.Duration, t time.Time) bool {
+	if w.CPU()-k0 >= time.Millisecond {
+		w.sampled = time.Now()
+		return true
+	}
+	return t.Sub(w.sampled) <= kdamondAftermath
+}
+
+// kdamondAftermath: forwards stay slow for a while after a kdamond sample
+// ends (in BenchmarkForwardTail's loop the forward after the one it ran
+// during was as slow in most samples), so a step that starts within this
+// long of one counts as near it too.
+const kdamondAftermath = 100 * time.Millisecond

@@ -20,7 +20,6 @@ import (
 	"github.com/meshnet/shardd/engine"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/gguf"
-	"github.com/meshnet/shardd/internal/hoststat"
 	"github.com/meshnet/shardd/stages/decode"
 	"github.com/meshnet/shardd/stages/frameout"
 )
@@ -146,7 +145,7 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 	model := benchModel(b)
 	cfg := benchEngineConfig(b, engine.Config{MaxSessions: 7})
 	var idleP99, idleQuietP99, aloneRate float64 // from this round's earlier cases
-	kd := hoststat.Kdamond()
+	kd := watchKdamond()
 	for _, c := range []struct {
 		name              string
 		prefill, decoding bool
@@ -162,8 +161,7 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 				startPrefills(b, ctx, client, id, 4, &prefilled, &wg, errs)
 			}
 			var lat, exec []time.Duration
-			var quiet []time.Duration // steps away from kdamond's samples
-			var sampled time.Time     // when a step last saw kdamond run
+			var quiet []time.Duration // steps kdamond did not come near
 			var h *headSession
 			if c.decoding {
 				h = openHead(b, ctx, client, id, "decoder")
@@ -185,7 +183,7 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 					}
 					pos = 4
 				}
-				k0 := kd.CPU()
+				k0 := kd.cpu()
 				t := time.Now()
 				ex, err := h.runExec(pos, []int32{int32(pos % 32000)}, true)
 				if err != nil {
@@ -194,9 +192,7 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 				l := time.Since(t)
 				lat = append(lat, l)
 				exec = append(exec, ex)
-				if kd.CPU()-k0 >= time.Millisecond {
-					sampled = time.Now()
-				} else if t.Sub(sampled) > kdamondAftermath {
+				if !kd.near(k0, t) {
 					quiet = append(quiet, l)
 				}
 				pos++
@@ -251,12 +247,6 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 		})
 	}
 }
-
-// kdamondAftermath: forwards stay slow for a while after a kdamond sample
-// ends (in a plain loop of forwards, BenchmarkForwardTail, the forward
-// after the one it ran during was as slow in most samples), so a step
-// that starts within this long of one is not counted as quiet either.
-const kdamondAftermath = 100 * time.Millisecond
 
 // underPrefillWorker serves the whole model with the real engine on
 // loopback (2 threads) and returns a client of it; everything stops when
