@@ -63,8 +63,15 @@ func TestRelayedRoute(t *testing.T) {
 			viaRelay = append(viaRelay, tok)
 			switch len(viaRelay) {
 			case 6:
-				// A few bytes into the middle worker's next response.
-				armed = rl.ResetAfter(16)
+				// Into the middle worker's next result: 100 bytes is
+				// past its Ack for the step just taken, should that
+				// still be on its way (about 60 bytes; the head reads
+				// Acks late), and short of the result's end (about 800).
+				// 16 bytes cut that Ack instead whenever it left after
+				// this callback: the retried step had never been sent,
+				// no duplicate came back, and the test failed 1 run in
+				// 8 or more once the frame transport got faster.
+				armed = rl.ResetAfter(100)
 			case 12:
 				rl.Reset()
 			}
