@@ -49,6 +49,7 @@ var (
 type conn struct {
 	nc    net.Conn
 	r     *bufio.Reader
+	one   [1]mem.Buffer // readMsg's BufferSlice (the reader's own)
 	codec encoding.CodecV2
 	pool  mem.BufferPool
 	// maxRecv bounds a received payload; a larger one is refused before
@@ -61,7 +62,8 @@ type conn struct {
 	wmu     sync.Mutex // guards the fields below and writes to nc
 	preface bool       // the initiator's preface goes out with the next frame
 	hdr     [headerLen]byte
-	vec     net.Buffers
+	vec     net.Buffers // the array of the frame's segments, kept
+	out     net.Buffers // what WriteTo consumes: a field, so it does not escape per frame
 }
 
 func newConn(nc net.Conn, codec encoding.CodecV2, pool mem.BufferPool, maxRecv int, writeTimeout time.Duration) *conn {
@@ -86,12 +88,13 @@ func (c *conn) writeFrame(typ byte, data mem.BufferSlice) error {
 	for _, b := range data {
 		v = append(v, b.ReadOnlyData())
 	}
-	c.vec = v[:0]
+	c.vec, c.out = v[:0], v
 	if c.writeTimeout > 0 {
 		c.nc.SetWriteDeadline(time.Now().Add(c.writeTimeout))
 	}
 	// On a TCP connection one writev for the header and every segment.
-	_, err := v.WriteTo(c.nc)
+	_, err := c.out.WriteTo(c.nc)
+	c.out = nil
 	clear(c.vec[:cap(c.vec)])
 	return err
 }
@@ -147,7 +150,12 @@ func (c *conn) readMsg(n int, m any) error {
 		return err
 	}
 	defer buf.Free()
-	return c.codec.Unmarshal(mem.BufferSlice{buf}, m)
+	// One reader per connection: the slice's array is the conn's, not a
+	// new one per message.
+	c.one[0] = buf
+	err = c.codec.Unmarshal(c.one[:], m)
+	c.one[0] = nil
+	return err
 }
 
 // discard skips a payload of n bytes.
