@@ -12,6 +12,8 @@ import (
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
+
+	"github.com/meshnet/shardd/stages/decode"
 )
 
 // Preface opens every connection, from the initiator.
@@ -64,6 +66,7 @@ type conn struct {
 	hdr     [headerLen]byte
 	vec     net.Buffers // the array of the frame's segments, kept
 	out     net.Buffers // what WriteTo consumes: a field, so it does not escape per frame
+	small   []byte      // writeMsg's buffer for small messages
 }
 
 func newConn(nc net.Conn, codec encoding.CodecV2, pool mem.BufferPool, maxRecv int, writeTimeout time.Duration) *conn {
@@ -74,7 +77,13 @@ func newConn(nc net.Conn, codec encoding.CodecV2, pool mem.BufferPool, maxRecv i
 func (c *conn) writeFrame(typ byte, data mem.BufferSlice) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	n := data.Len()
+	return c.writeLocked(typ, data, nil)
+}
+
+// writeLocked writes one frame whose payload is data's buffers followed by
+// raw; c.wmu is held.
+func (c *conn) writeLocked(typ byte, data mem.BufferSlice, raw []byte) error {
+	n := data.Len() + len(raw)
 	if n > 1<<31-1 {
 		return ErrFrameSize
 	}
@@ -88,6 +97,9 @@ func (c *conn) writeFrame(typ byte, data mem.BufferSlice) error {
 	for _, b := range data {
 		v = append(v, b.ReadOnlyData())
 	}
+	if len(raw) > 0 {
+		v = append(v, raw)
+	}
 	c.vec, c.out = v[:0], v
 	if c.writeTimeout > 0 {
 		c.nc.SetWriteDeadline(time.Now().Add(c.writeTimeout))
@@ -99,8 +111,42 @@ func (c *conn) writeFrame(typ byte, data mem.BufferSlice) error {
 	return err
 }
 
-// writeMsg marshals m with the codec and writes it as one frame.
+// sizedMarshaler is a message that marshals into a caller's buffer (the
+// generated vtproto code).
+type sizedMarshaler interface {
+	SizeVT() int
+	MarshalToSizedBufferVT([]byte) (int, error)
+}
+
+// smallMsg is the largest message writeMsg marshals into the connection's
+// own buffer (an Ack, a status, a small step or result); larger ones go
+// through the codec, whose buffers are pooled or reference a result's
+// payload itself.
+const smallMsg = 4 << 10
+
+// writeMsg marshals m and writes it as one frame: a small message into the
+// connection's own buffer, anything else with the codec. A small Spliced
+// result has no payload worth splicing (decode.MinSplice is larger), and
+// its message marshals to the same bytes.
 func (c *conn) writeMsg(typ byte, m any) error {
+	sm, ok := m.(sizedMarshaler)
+	if sp, isSpliced := m.(*decode.Spliced); isSpliced {
+		sm, ok = sp.Msg, true
+	}
+	if ok {
+		if n := sm.SizeVT(); n <= smallMsg {
+			c.wmu.Lock()
+			defer c.wmu.Unlock()
+			if c.small == nil {
+				c.small = make([]byte, smallMsg)
+			}
+			b := c.small[:n]
+			if _, err := sm.MarshalToSizedBufferVT(b); err != nil {
+				return err
+			}
+			return c.writeLocked(typ, nil, b)
+		}
+	}
 	data, err := c.codec.Marshal(m)
 	if err != nil {
 		return err
