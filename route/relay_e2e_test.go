@@ -65,8 +65,9 @@ func TestRelayedRoute(t *testing.T) {
 			case 6:
 				// Into the middle worker's next result: 100 bytes is
 				// past its Ack for the step just taken, should that
-				// still be on its way (about 60 bytes; the head reads
-				// Acks late), and short of the result's end (about 800).
+				// still be on its way (some 60 bytes by its fields; the
+				// head reads Acks late), and short of the result's end
+				// (some 800).
 				// 16 bytes cut that Ack instead whenever it left after
 				// this callback: the retried step had never been sent,
 				// no duplicate came back, and the test failed 1 run in
