@@ -125,15 +125,17 @@ type sizedMarshaler interface {
 const smallMsg = 4 << 10
 
 // writeMsg marshals m and writes it as one frame: a small message into the
-// connection's own buffer, anything else with the codec. A small Spliced
-// result has no payload worth splicing (decode.MinSplice is larger), and
-// its message marshals to the same bytes.
+// connection's own buffer, anything else with the codec. The first is only
+// taken when the codec writes the protobuf wire format (its name is
+// "proto"), which is what vtproto writes. A small Spliced result has no
+// payload worth splicing (decode.MinSplice is larger), and its message
+// marshals to the same bytes.
 func (c *conn) writeMsg(typ byte, m any) error {
 	sm, ok := m.(sizedMarshaler)
 	if sp, isSpliced := m.(*decode.Spliced); isSpliced {
 		sm, ok = sp.Msg, true
 	}
-	if ok {
+	if ok && c.codec.Name() == "proto" {
 		if n := sm.SizeVT(); n <= smallMsg {
 			c.wmu.Lock()
 			defer c.wmu.Unlock()
