@@ -209,6 +209,7 @@ func BenchmarkMixedForward(b *testing.B) {
 			// timed runs one forward of the rows add puts in the batch
 			// per op and returns its mean in ns.
 			timed := func(b *testing.B, add func()) float64 {
+				b.ReportAllocs()
 				for b.Loop() {
 					bt.Reset()
 					add()
