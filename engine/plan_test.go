@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -361,7 +362,7 @@ func TestPlanHoldIgnoresPromptOnlySessions(t *testing.T) {
 		t.Fatalf("p's step did not wait for d's: %q", got)
 	}
 	sc.submit("d", 0)
-	sc.expect("together", sc.plan(), "p:d1 d:d1")
+	sc.expect("together", sc.plan(), "d:d1 p:d1") // in KV sequence order
 }
 
 // The decode budget: once the cost model has seen enough forwards, an
@@ -507,9 +508,35 @@ func TestPlanPreemption(t *testing.T) {
 	}
 }
 
+// Decode rows go in in their sessions' KV sequence order, whatever order
+// their steps arrived in: each session's cells then keep a steady stride
+// in the shared KV buffer (PERF.md "Decode rows in a steady order").
+func TestPlanDecodeRowsInSequenceOrder(t *testing.T) {
+	sc := newScript(t, Config{DecodeGroups: -1, DecodeQuiet: -1}, nil)
+	ids := []string{"a", "b", "c", "d"}
+	sc.prefilled(1, ids...)
+	for _, order := range [][]string{{"d", "b", "a", "c"}, {"c", "a", "d", "b"}} {
+		for _, id := range order {
+			sc.submit(id, 0)
+		}
+		got := sc.plan()
+		if len(sc.fp.items) != len(ids) {
+			t.Fatalf("arrival %v: planned %q, want all %d decode rows", order, got, len(ids))
+		}
+		if !slices.IsSortedFunc(sc.fp.items, func(a, b planned) int { return a.w.seq - b.w.seq }) {
+			t.Fatalf("arrival %v: rows %q not in sequence order", order, got)
+		}
+		sc.run(0)
+		for _, id := range ids {
+			sc.replies(id)
+		}
+	}
+}
+
 // A full batch: decode steps beyond MaxBatch wait for the next iteration,
-// and the ones left out go first then (sessions re-queue at the end), so
-// no session is left out twice in a row.
+// and the ones left out are taken first then (sessions re-queue at the
+// end), so no session is left out twice in a row. The rows taken go to
+// the backend in KV sequence order.
 func TestPlanBatchFull(t *testing.T) {
 	sc := newScript(t, Config{DecodeGroups: -1, DecodeQuiet: -1, MaxSessions: 6}, func(i *backend.Info) { i.MaxBatch, i.MaxSeqs = 4, 8 })
 	ids := []string{"a", "b", "c", "d", "e", "f"}
@@ -530,7 +557,7 @@ func TestPlanBatchFull(t *testing.T) {
 		sc.expect(id, sc.replies(id), "ack 2")
 		sc.submit(id, 0)
 	}
-	sc.expect("second", sc.step(0), "e:d1 f:d1 a:d1 b:d1")
+	sc.expect("second", sc.step(0), "a:d1 b:d1 e:d1 f:d1")
 	sc.expect("third", sc.step(0), "c:d1 d:d1")
 	for _, id := range ids {
 		want := "ack 3"

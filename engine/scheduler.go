@@ -361,6 +361,13 @@ func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
 		s.planned = append(s.planned, planned{w: w, from: w.done, n: n})
 		rows += n
 	}
+	// The decode rows go in in the order of their sessions' KV sequences,
+	// not of their steps' arrival, which changes from step to step. A
+	// session's KV cells then lie at a steady stride in the shared buffer,
+	// and attention, which reads each row's cells in cell order, runs
+	// 13-18% faster at 32 sessions than over cells scattered by arrival
+	// order (PERF.md "Decode rows in a steady order").
+	slices.SortFunc(s.planned, func(a, b planned) int { return a.w.seq - b.w.seq })
 
 	if len(prefills) > 0 && rows < budget {
 		left := budget - rows
