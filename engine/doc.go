@@ -21,7 +21,12 @@
 // once a chunk has waited prefillPatience); a chunk larger than what is
 // left progresses over several iterations. So a long prefill never delays
 // a decode step by more than one bounded iteration, and sessions reach
-// their first token one after another.
+// their first token one after another. The decode rows go in in the order
+// of their sessions' KV sequences, so each session's cells keep a steady
+// stride in the shared KV buffer. The decode budget bounds the prefill
+// tokens beside decode rows, except when the prompts waiting outnumber the
+// sessions decoding: then an iteration takes a full prefill iteration's
+// tokens (promptsOutnumber), so a few fast decoders cannot starve them.
 //
 // The scheduler is a state with a driver, as etcd's raft is built. The
 // state (scheduler.go: session queues, admission against the session

@@ -481,6 +481,53 @@ func TestPlanWaitsForDueDecode(t *testing.T) {
 	sc.expect("a stopped", sc.plan(), "p:p4")
 }
 
+// When the prompts waiting outnumber the sessions decoding, the decode
+// budget gives way: an iteration takes up to PrefillIterationTokens prompt
+// tokens, beside the decode rows or alone, though a decode step is due.
+// Otherwise a few sessions decoding in small fast batches held the many
+// waiting for their first token to a prompt row or so per iteration
+// (PERF.md "Prompts that outnumber the decoding sessions").
+func TestPlanPromptsOutnumberDecoders(t *testing.T) {
+	prompts := []string{"b", "c", "d", "e", "f", "g"}
+	decoding := func() *script {
+		sc := newScript(t, Config{IterationTokens: 4, DecodeGroups: -1, PrefillIterationTokens: 64},
+			func(i *backend.Info) { i.MaxSeqs = 8 })
+		sc.prefilled(2, "a")
+		for i := range costMinRuns {
+			sc.submit("a", 0)
+			sc.expect(fmt.Sprint("decode ", i), sc.step(0), "a:d1")
+			sc.replies("a")
+			sc.now = sc.now.Add(time.Millisecond)
+		}
+		return sc
+	}
+	all := "b:p8 c:p8 d:p8 e:p8 f:p8 g:p8"
+
+	// Beside a decode step: the budget alone would fit 3 prompt rows.
+	sc := decoding()
+	for _, id := range prompts {
+		sc.submit(id, 8)
+	}
+	sc.submit("a", 0)
+	sc.expect("beside the step", sc.plan(), "a:d1 "+all)
+	sc.run(0)
+
+	// Alone, with a's step due within a millisecond: not waited for.
+	sc = decoding()
+	for _, id := range prompts {
+		sc.submit(id, 8)
+	}
+	sc.expect("before the step", sc.plan(), all)
+
+	// One prompt beside one decoding session is not a crowd: it waits for
+	// the due step as before.
+	sc = decoding()
+	sc.submit("b", 8)
+	if got := sc.plan(); !strings.HasPrefix(got, "wait ") {
+		t.Fatalf("one prompt beside one decoding session: %q", got)
+	}
+}
+
 // A prefill-only iteration is preemptible; a preempted one is rewound
 // (its rows trimmed from the KV, run again later), and the next
 // prefill-only iteration runs to its end, so decode steps arriving every
