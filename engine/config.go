@@ -45,7 +45,9 @@ type Config struct {
 	// Negative: no time budget, IterationTokens only.
 	DecodeBudget time.Duration
 	// PrefillIterationTokens: the budget of a prefill-only iteration while no
-	// session is decoding. Larger is better prefill throughput.
+	// session is decoding, and of the prompt tokens of any iteration while
+	// the prompts it would finish outnumber the sessions decoding. Larger is
+	// better prefill throughput.
 	PrefillIterationTokens int
 	// DecodeQuiet: for this long after a decode step ran, prefill-only
 	// iterations keep the small IterationTokens budget, since another
