@@ -218,6 +218,19 @@ func (sc *script) prefilled(n int, ids ...string) {
 	}
 }
 
+// decodeEveryMs has session id decode costMinRuns steps alone, each sent
+// 1 ms after the last one completed (the trip round the rest of the route
+// and the head), so the cost model and the session's gap are known.
+func (sc *script) decodeEveryMs(id string) {
+	sc.t.Helper()
+	for i := range costMinRuns {
+		sc.submit(id, 0)
+		sc.expect(fmt.Sprint("decode ", i), sc.step(0), id+":d1")
+		sc.replies(id)
+		sc.now = sc.now.Add(time.Millisecond)
+	}
+}
+
 // An iteration's prefill tokens go to the chunks with the fewest tokens
 // left first, in order of arrival among equals, so sessions reach their
 // first token one after another instead of all together at the end.
@@ -451,14 +464,7 @@ func TestPlanBudgetPricesTheMargin(t *testing.T) {
 func TestPlanWaitsForDueDecode(t *testing.T) {
 	sc := newScript(t, Config{IterationTokens: 4, DecodeGroups: -1}, nil)
 	sc.prefilled(2, "a")
-	// Session a decodes a step every 1 ms after the last one completes
-	// (the trip round the rest of the route and the head).
-	for i := range costMinRuns {
-		sc.submit("a", 0)
-		sc.expect(fmt.Sprint("decode ", i), sc.step(0), "a:d1")
-		sc.replies("a")
-		sc.now = sc.now.Add(time.Millisecond)
-	}
+	sc.decodeEveryMs("a")
 	sc.submit("p", 50)
 	sc.expect("prefill alone", sc.plan(), fmt.Sprint("wait ", dueSlack))
 	if sc.s.dueWaits != 1 {
@@ -493,12 +499,7 @@ func TestPlanPromptsOutnumberDecoders(t *testing.T) {
 		sc := newScript(t, Config{IterationTokens: 4, DecodeGroups: -1, PrefillIterationTokens: 64},
 			func(i *backend.Info) { i.MaxSeqs = 8 })
 		sc.prefilled(2, "a")
-		for i := range costMinRuns {
-			sc.submit("a", 0)
-			sc.expect(fmt.Sprint("decode ", i), sc.step(0), "a:d1")
-			sc.replies("a")
-			sc.now = sc.now.Add(time.Millisecond)
-		}
+		sc.decodeEveryMs("a")
 		return sc
 	}
 	all := "b:p8 c:p8 d:p8 e:p8 f:p8 g:p8"
