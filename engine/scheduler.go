@@ -427,8 +427,8 @@ func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
 // decoding few at the cost of the waiting many. Without this, a few
 // sessions decoding in small, fast batches kept the budget for prompt rows
 // beside them near zero, and their steps, always due within a millisecond,
-// kept prefill-only iterations from starting: 28 of 32 sessions waited
-// 9.4 s for their 8-token prompts (PERF.md "Prompts that outnumber the
+// kept prefill-only iterations from starting: at 32 sessions the median
+// time to an 8-token prompt's first token was 9.4 s (PERF.md "Prompts that outnumber the
 // decoding sessions").
 func (s *scheduler) promptsOutnumber(prefills []*sessQueue, decodes int, now time.Time) bool {
 	if s.cfg.Deterministic || len(prefills) <= decodes {

@@ -14,6 +14,10 @@ import (
 	"github.com/meshnet/shardd/gguf"
 )
 
+// benchModelDir caches the generated bench preset and its shards between
+// runs (the bench package uses the same folder).
+var benchModelDir = filepath.Join(os.TempDir(), "shardd-bench-models")
+
 // benchShards returns the bench preset split three ways, cached under the
 // system temp folder between runs. SHARDD_BENCH_MODEL names another whole
 // model to split instead.
@@ -25,7 +29,7 @@ func benchShards(b *testing.B) []string {
 // weights instead ("" keeps the preset's).
 func benchShardsWeights(b *testing.B, weights string) []string {
 	b.Helper()
-	dir := filepath.Join(os.TempDir(), "shardd-bench-models")
+	dir := benchModelDir
 	model := os.Getenv("SHARDD_BENCH_MODEL")
 	var err error
 	if model == "" || weights != "" {
@@ -166,7 +170,7 @@ func BenchmarkMixedForward(b *testing.B) {
 	path := os.Getenv("SHARDD_BENCH_MODEL")
 	if path == "" {
 		var err error
-		if path, err = gguf.CachedPreset(filepath.Join(os.TempDir(), "shardd-bench-models"), "bench"); err != nil {
+		if path, err = gguf.CachedPreset(benchModelDir, "bench"); err != nil {
 			b.Fatal(err)
 		}
 	}
