@@ -80,13 +80,7 @@ func decodeCeiling(b *testing.B, sessions int) {
 	}
 	defer rt.Close()
 
-	prompt := func(s int) []int32 {
-		p := make([]int32, promptLen)
-		for i := range p {
-			p[i] = int32((s*31 + i*7 + 1) % 500)
-		}
-		return p
-	}
+	prompt := sessionPrompts(promptLen)
 	var inProc, worker, inProcFirst, workerFirst, inProcDecode, workerDecode []float64
 	b.ReportAllocs()
 	for b.Loop() {
@@ -98,33 +92,10 @@ func decodeCeiling(b *testing.B, sessions int) {
 		inProcFirst = append(inProcFirst, float64(first.Milliseconds()))
 		inProcDecode = append(inProcDecode, float64(sessions*(outLen-1))/(t-first).Seconds())
 
-		start := time.Now()
-		var wg sync.WaitGroup
-		errs := make(chan error, sessions)
-		firsts := make([]time.Time, sessions)
-		for s := range sessions {
-			wg.Go(func() {
-				_, err := rt.Generate(context.Background(), route.Request{Prompt: prompt(s), MaxTokens: outLen}, func(int32) error {
-					if firsts[s].IsZero() {
-						firsts[s] = time.Now()
-					}
-					return nil
-				})
-				if err != nil {
-					errs <- err
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		if err := <-errs; err != nil {
-			b.Fatal(err)
-		}
-		end := time.Now()
-		worker = append(worker, float64(sessions*outLen)/end.Sub(start).Seconds())
-		last := slices.MaxFunc(firsts, time.Time.Compare)
-		workerFirst = append(workerFirst, float64(last.Sub(start).Milliseconds()))
-		workerDecode = append(workerDecode, float64(sessions*(outLen-1))/end.Sub(last).Seconds())
+		first, took := generateAll(b, rt, sessions, outLen, prompt)
+		worker = append(worker, float64(sessions*outLen)/took.Seconds())
+		workerFirst = append(workerFirst, float64(first.Milliseconds()))
+		workerDecode = append(workerDecode, float64(sessions*(outLen-1))/(took-first).Seconds())
 	}
 	mi, mw := medianF(inProc), medianF(worker)
 	b.ReportMetric(mi, "inproc-tok/s")
@@ -136,6 +107,47 @@ func decodeCeiling(b *testing.B, sessions int) {
 	b.ReportMetric(medianF(inProcFirst), "inproc-first-ms")
 	b.ReportMetric(medianF(workerFirst), "worker-first-ms")
 	b.ReportMetric(medianF(workerDecode)/medianF(inProcDecode), "decode-phase/ceiling")
+}
+
+// sessionPrompts gives each session s a prompt of n tokens of its own.
+func sessionPrompts(n int) func(s int) []int32 {
+	return func(s int) []int32 {
+		p := make([]int32, n)
+		for i := range p {
+			p[i] = int32((s*31 + i*7 + 1) % 500)
+		}
+		return p
+	}
+}
+
+// generateAll runs one greedy generation of outLen tokens per session
+// through rt, all at once; it returns the time until every session had its
+// first token, and the time until all ended.
+func generateAll(b *testing.B, rt *route.Route, sessions, outLen int, prompt func(int) []int32) (first, took time.Duration) {
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, sessions)
+	firsts := make([]time.Time, sessions)
+	for s := range sessions {
+		wg.Go(func() {
+			_, err := rt.Generate(context.Background(), route.Request{Prompt: prompt(s), MaxTokens: outLen}, func(int32) error {
+				if firsts[s].IsZero() {
+					firsts[s] = time.Now()
+				}
+				return nil
+			})
+			if err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	last := slices.MaxFunc(firsts, time.Time.Compare)
+	return last.Sub(start), time.Since(start)
 }
 
 // ceilingRun prefills every session's prompt in one forward, then decodes

@@ -45,6 +45,12 @@ func CachedSplit(model string, n int, dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return CachedRanges(model, ranges, dir)
+}
+
+// CachedRanges returns the shards of model cut at ranges in dir, splitting
+// first when any is absent.
+func CachedRanges(model string, ranges []Range, dir string) ([]string, error) {
 	var paths []string
 	for _, r := range ranges {
 		p := ShardPath(model, dir, r)
