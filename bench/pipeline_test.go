@@ -22,9 +22,10 @@ import (
 
 // BenchmarkRoutePipeline: issue 16's pipelining targets with no processes.
 // N concurrent greedy generations (8-token prompts, 64 tokens) through:
-//   - route: the bench model cut in two by cost (the split `split --by
-//     cost` picks; SHARDD_BENCH_RANGES sets another), one worker per shard
-//     at 1 thread, behind the route client;
+//   - route: the bench model cut in two by cost, attention over the
+//     sessions' cells included (`split --by cost --kv-cells N x 72`;
+//     SHARDD_BENCH_RANGES sets another cut), one worker per shard at 1
+//     thread, behind the route client;
 //   - unsplit-1t, unsplit-2t: the whole model on one worker at 1 and at 2
 //     threads, behind the route client;
 //   - inproc-1t: the whole model at 1 thread in this process, no wire, no
@@ -81,8 +82,9 @@ type pipelineTarget struct {
 }
 
 // pipelineShards are model's two shards for the pipeline benchmarks: cut
-// by cost (`split --by cost`), or at SHARDD_BENCH_RANGES (e.g. "0:7,7:12").
-func pipelineShards(b *testing.B, model string) []string {
+// by cost with attention over cells KV cells (`split --by cost --kv-cells
+// cells`), or at SHARDD_BENCH_RANGES (e.g. "0:8,8:12").
+func pipelineShards(b *testing.B, model string, cells int) []string {
 	var ranges []gguf.Range
 	if v := os.Getenv("SHARDD_BENCH_RANGES"); v != "" {
 		var err error
@@ -94,7 +96,7 @@ func pipelineShards(b *testing.B, model string) []string {
 		if err != nil {
 			b.Fatal(err)
 		}
-		ranges = gguf.BalancedRanges(cost, 2)
+		ranges = gguf.BalancedRanges(cost.WithKV(cells), 2)
 	}
 	if len(ranges) != 2 {
 		b.Fatalf("the pipeline benchmarks take two ranges, not %d", len(ranges))
@@ -116,7 +118,7 @@ var pipelineRatios = []struct {
 func routePipeline(b *testing.B, sessions int) {
 	const promptLen, outLen = 8, 64
 	model := benchModel(b)
-	shards := pipelineShards(b, model)
+	shards := pipelineShards(b, model, sessions*(promptLen+outLen))
 	load := func(path string, threads int) (*llamacpp.Backend, gguf.Meta) {
 		meta, err := gguf.Read(path)
 		if err != nil {
@@ -380,7 +382,7 @@ func pipeCeilingRun(stages [2]backend.Backend, sessions, outLen, groups int, pro
 func BenchmarkForwardBeside(b *testing.B) {
 	const rows, past = 16, 8
 	model := benchModel(b)
-	shards := pipelineShards(b, model)
+	shards := pipelineShards(b, model, 32*72)
 	var bes [2]*llamacpp.Backend
 	for i, p := range shards {
 		var err error

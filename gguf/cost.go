@@ -3,6 +3,7 @@ package gguf
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -17,6 +18,12 @@ import (
 type Cost struct {
 	Layers []int64 // matmul weight bytes of each block, by layer
 	Head   int64   // the output head's bytes
+	// PerCell is each layer's attention work for one KV cell a row attends
+	// over, in the same unit: the bytes of as many weights (at the layer's
+	// bytes per weight) as the cell costs multiply-adds. A row's attention
+	// does heads x (key + value length) multiply-adds per cell, a matmul
+	// one per weight. WithKV adds it in.
+	PerCell []int64
 	// Align is Meta.Align: cuts fall on multiples of it. (A
 	// mixture-of-experts layer counts every expert, though a step reads
 	// only those its tokens are routed to.)
@@ -44,6 +51,25 @@ func (c Cost) Of(r Range) int64 {
 	return t
 }
 
+// WithKV is c with each layer's attention over cells KV cells added: the
+// work a decode row does beside the weights when the cells of every
+// session in flight share one buffer (llama.cpp's unified KV cache: a row
+// attends over the whole occupied range, masked). With many sessions that
+// is no longer small against the weights, and it falls on every layer but
+// not on the head, so a cut balanced on weights alone leaves the first
+// shards heavier. Sliding-window layers are counted as attending over
+// every cell.
+func (c Cost) WithKV(cells int) Cost {
+	out := c
+	out.Layers = slices.Clone(c.Layers)
+	for i := range out.Layers {
+		if i < len(c.PerCell) {
+			out.Layers[i] += c.PerCell[i] * int64(max(cells, 0))
+		}
+	}
+	return out
+}
+
 // ReadCost reads a whole model's cost from its tensor table.
 func ReadCost(path string) (Cost, error) {
 	f, err := os.Open(path)
@@ -56,6 +82,7 @@ func ReadCost(path string) (Cost, error) {
 		return Cost{}, fmt.Errorf("%w: %v", ErrBadFile, err)
 	}
 	c := Cost{Layers: make([]int64, g.KV().BlockCount()), Align: layerAlign(g.KV().Architecture(), int(g.KV().Uint("attention.sliding_window")))}
+	elems := make([]int64, len(c.Layers)) // weights of each block's matrices
 	var embd int64
 	tied := true
 	for _, t := range g.Tensors().Items() {
@@ -72,10 +99,21 @@ func ReadCost(path string) (Cost, error) {
 			n, err := strconv.Atoi(rest[:max(strings.IndexByte(rest, '.'), 0)])
 			if err == nil && n >= 0 && n < len(c.Layers) {
 				c.Layers[n] += int64(t.Size())
+				elems[n] += int64(t.Elements())
 			}
 		}
 	}
 	kv := g.KV()
+	heads := kv.HeadCount()
+	qkv := int64(kv.EmbeddingHeadCountK() + kv.EmbeddingHeadCountV())
+	c.PerCell = make([]int64, len(c.Layers))
+	for i := range c.PerCell {
+		if elems[i] > 0 && i < len(heads) {
+			// heads x (k + v) weights' worth of multiply-adds, at this
+			// layer's bytes per weight.
+			c.PerCell[i] = int64(heads[i]) * qkv * c.Layers[i] / elems[i]
+		}
+	}
 	shardNotLast := kv.String(KeySourceDigest) != "" && kv.Uint(KeyEndLayer) != kv.Uint(KeyTotalLayers)
 	if tied && !shardNotLast {
 		c.Head = embd // the model ties its output head to the embedding

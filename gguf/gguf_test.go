@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -343,4 +344,53 @@ func TestShardsNameTheModelsWeights(t *testing.T) {
 			t.Fatalf("%s: weights %q, the model's %q (%v)", filepath.Base(p), m.FileType, whole.FileType, err)
 		}
 	}
+}
+
+// Attention work per KV cell: heads x (key + value length) weights' worth
+// at the layer's bytes per weight, added to every layer and not the head,
+// so with enough cells in flight the cost-balanced cut moves a layer off
+// the first shard (the bench preset's 0:8 / 8:12 becomes 0:7 / 7:12 at 32
+// sessions of 72 tokens: in BenchmarkRoutePipeline's in-process pipeline
+// the stages were busy 0.95 / 0.68-0.69 of the time at the first cut and
+// 0.82-0.83 / 0.88-0.90 at the second).
+func TestCostWithKV(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "tiny.gguf")
+	spec := Presets["tiny"]
+	if err := Generate(p, spec); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ReadCost(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, err := Read(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	headDim := int64(meta.EmbeddingLen / meta.HeadCount)
+	perWeight := c.Layers[0] / layerWeights(spec)
+	want := int64(meta.HeadCount) * 2 * headDim * perWeight
+	if len(c.PerCell) != len(c.Layers) || c.PerCell[0] != want {
+		t.Fatalf("per cell %v, want %d for each of %d layers", c.PerCell, want, len(c.Layers))
+	}
+	k := c.WithKV(1000)
+	if k.Head != c.Head || k.Layers[0] != c.Layers[0]+1000*want || c.Layers[0] == k.Layers[0] {
+		t.Fatalf("with 1000 cells: %+v from %+v", k, c)
+	}
+	if c.WithKV(0).Total() != c.Total() {
+		t.Fatalf("with no cells the cost changed")
+	}
+
+	bench := Cost{Layers: slices.Repeat([]int64{12_600_000}, 12), Head: 49_200_000, PerCell: slices.Repeat([]int64{3072}, 12)}
+	for cells, want := range map[int]string{0: "[0:8 8:12]", 32 * 72: "[0:7 7:12]"} {
+		if got := fmt.Sprint(BalancedRanges(bench.WithKV(cells), 2)); got != want {
+			t.Errorf("bench preset at %d cells: %s, want %s", cells, got, want)
+		}
+	}
+}
+
+// layerWeights is how many weights one block of spec's model multiplies by.
+func layerWeights(s Spec) int64 {
+	h, kv, f := int64(s.Hidden), int64(s.Hidden/s.Heads*s.KVHeads), int64(s.FFN)
+	return h*h*2 + h*kv*2 + h*f*3
 }

@@ -96,6 +96,7 @@ func runSplit(args []string) error {
 	rangesFlag := fs.String("ranges", "", "comma-separated START:END layer ranges")
 	shards := fs.Int("shards", 0, "split into N ranges instead (see --by)")
 	by := fs.String("by", "layers", "with --shards: 'layers' (near-equal layer counts) or 'cost' (near-equal matmul weight bytes, the output head on the last shard)")
+	kvCells := fs.Int("kv-cells", 0, "with --by cost: also weigh each layer's attention over this many KV cells, the\nsessions in flight times their tokens (e.g. 32 x 72 = 2304); 0 weighs the weights alone")
 	outDir := fs.String("out-dir", ".", "folder for the shard files")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -103,6 +104,9 @@ func runSplit(args []string) error {
 	}
 	if err := required(fs, "model"); err != nil {
 		return err
+	}
+	if *kvCells < 0 || (*kvCells > 0 && (*by != "cost" || *shards == 0)) {
+		return fmt.Errorf("--kv-cells goes with --shards N --by cost, and is 0 or more")
 	}
 	var ranges []gguf.Range
 	switch {
@@ -131,7 +135,7 @@ func runSplit(args []string) error {
 			if err != nil {
 				return err
 			}
-			if ranges = gguf.BalancedRanges(c, *shards); ranges == nil {
+			if ranges = gguf.BalancedRanges(c.WithKV(*kvCells), *shards); ranges == nil {
 				return fmt.Errorf("cannot cut %d layers into %d shards that start on multiples of %d", meta.BlockCount, *shards, c.Align)
 			}
 		default:
@@ -162,7 +166,8 @@ func runSplit(args []string) error {
 }
 
 func runInspect(args []string) error {
-	fs := newFlags("inspect", "FILE.gguf", "Prints the architecture, dimensions, layer range and digests of a model or shard.")
+	fs := newFlags("inspect", "[--kv-cells N] FILE.gguf", "Prints the architecture, dimensions, layer range and digests of a model or shard.")
+	kvCells := fs.Int("kv-cells", 0, "weigh each layer's attention over this many KV cells too (see split --kv-cells)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -202,16 +207,23 @@ func runInspect(args []string) error {
 	if err != nil {
 		return err
 	}
-	printCost(m, c)
+	printCost(m, c, *kvCells)
 	return nil
 }
 
 // printCost prints what inspect says about compute: the matmul weight
-// bytes (a CPU decode step streams each once), and how splits share them.
-func printCost(m gguf.Meta, c gguf.Cost) {
+// bytes (a CPU decode step streams each once), with attention over cells
+// KV cells counted in when cells > 0, and how splits share them.
+func printCost(m gguf.Meta, c gguf.Cost, cells int) {
 	mb := func(b int64) string { return fmt.Sprintf("%.1f MB", float64(b)/1e6) }
 	perLayer := (c.Total() - c.Head) / int64(max(len(c.Layers), 1))
 	fmt.Printf("cost:          matmul weights %s: %s per layer, output head %s\n", mb(c.Total()), mb(perLayer), mb(c.Head))
+	if cells > 0 {
+		w := c.WithKV(cells)
+		fmt.Printf("attention:     over %d KV cells, %s per layer as weights (%.0f%% of the layer's)\n",
+			cells, mb((w.Total()-w.Head)/int64(max(len(w.Layers), 1))-perLayer), 100*float64(w.Total()-c.Total())/float64(max(c.Total()-c.Head, 1)))
+		c, perLayer = w, (w.Total()-w.Head)/int64(max(len(w.Layers), 1))
+	}
 	if m.IsShard {
 		// The rest of the model is not here: assume its layers weigh as
 		// these do, and a head like the token embedding (vocab x hidden,

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/meshnet/shardd/gguf"
+)
+
+// `split --by cost --kv-cells N` cuts where the cost with attention over N
+// cells balances, which is not where the weights alone do once N is large
+// enough; --kv-cells without --by cost is refused.
+func TestSplitByCostWithKVCells(t *testing.T) {
+	// The tiny preset with a vocabulary 8 times as large: an output head
+	// that outweighs three layers, so the weights alone leave the last
+	// shard fewer layers.
+	spec := gguf.Presets["tiny"]
+	spec.Vocab *= 8
+	model := filepath.Join(t.TempDir(), "tiny-wide-head.gguf")
+	if err := gguf.Generate(model, spec); err != nil {
+		t.Fatal(err)
+	}
+	c, err := gguf.ReadCost(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plain []gguf.Range
+	cells, shards := 0, 0
+	for k := 2; k <= 4 && cells == 0; k++ {
+		plain = gguf.BalancedRanges(c, k)
+		for n := 64; n <= 1<<20 && cells == 0; n *= 2 {
+			if !slices.Equal(gguf.BalancedRanges(c.WithKV(n), k), plain) {
+				cells, shards = n, k
+			}
+		}
+	}
+	if cells == 0 {
+		t.Fatalf("no cell count moves the tiny model's cuts (cost %+v)", c)
+	}
+	want := gguf.BalancedRanges(c.WithKV(cells), shards)
+	out := t.TempDir()
+	if err := runSplit([]string{"--model", model, "--shards", fmt.Sprint(shards), "--by", "cost", "--kv-cells", fmt.Sprint(cells), "--out-dir", out, "--quiet"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range want {
+		if _, err := gguf.Read(gguf.ShardPath(model, out, r)); err != nil {
+			t.Errorf("at %d cells the cut is %v (weights alone: %v), but shard %s: %v", cells, want, plain, r, err)
+		}
+	}
+	matches, _ := filepath.Glob(filepath.Join(out, "*.gguf"))
+	if len(matches) != len(want) {
+		t.Errorf("%d files for %d shards: %v", len(matches), len(want), matches)
+	}
+	for _, args := range [][]string{
+		{"--model", model, "--shards", "2", "--kv-cells", "100", "--out-dir", out},
+		{"--model", model, "--ranges", "0:2,2:6", "--kv-cells", "100", "--out-dir", out},
+		{"--model", model, "--shards", "2", "--by", "cost", "--kv-cells", "-1", "--out-dir", out},
+	} {
+		if err := runSplit(args); err == nil {
+			t.Errorf("split %v: no error", args)
+		}
+	}
+}
