@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,7 +38,8 @@ import (
 //   - inproc-chain: the same in one group, so the stages take turns: what
 //     the cut alone costs.
 //
-// Each op runs every target in turn, starting with a different one each
+// SHARDD_BENCH_SESSIONS sets the session counts (default 16,32). Each op
+// runs every target in turn, starting with a different one each
 // op; reported are the medians of each target's tokens/s and of the
 // per-op ratios (targets: route >= 1.6x unsplit-1t and >= 1.0x
 // unsplit-2t). The workers and the head share this process on loopback
@@ -47,7 +50,18 @@ import (
 // and for inproc-pipe, and the CPU this process spent outside the route's
 // forwards per token (head, gRPC, scheduling).
 func BenchmarkRoutePipeline(b *testing.B) {
-	for _, n := range []int{16, 32} {
+	sizes := []int{16, 32}
+	if v := os.Getenv("SHARDD_BENCH_SESSIONS"); v != "" {
+		sizes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 2 {
+				b.Fatalf("SHARDD_BENCH_SESSIONS=%q: want session counts of 2 or more, e.g. 16,32,64", v)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	for _, n := range sizes {
 		b.Run(fmt.Sprintf("sessions=%d", n), func(b *testing.B) { routePipeline(b, n) })
 	}
 }
