@@ -84,7 +84,7 @@ func decodeCeiling(b *testing.B, sessions int) {
 	var inProc, worker, inProcFirst, workerFirst, inProcDecode, workerDecode []float64
 	b.ReportAllocs()
 	for b.Loop() {
-		first, t, err := ceilingRun(direct, sessions, outLen, prompt)
+		first, t, err := ceilingRun(direct, sessions, outLen, prompt, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -153,7 +153,8 @@ func generateAll(b *testing.B, rt *route.Route, sessions, outLen int, prompt fun
 // ceilingRun prefills every session's prompt in one forward, then decodes
 // outLen-1 steps of one row per session per forward, greedy; it returns
 // the time until every session had its first token, and the time taken.
-func ceilingRun(be backend.Backend, sessions, outLen int, prompt func(int) []int32) (first, took time.Duration, err error) {
+// record, when set, is told each session's tokens in order.
+func ceilingRun(be backend.Backend, sessions, outLen int, prompt func(int) []int32, record func(s int, tok int32)) (first, took time.Duration, err error) {
 	bt, err := be.NewBatch()
 	if err != nil {
 		return 0, 0, err
@@ -192,6 +193,9 @@ func ceilingRun(be backend.Backend, sessions, outLen int, prompt func(int) []int
 		vocab := len(out.Logits) / sessions
 		for s := range sessions {
 			toks[s] = int32(argmax.Index(out.Logits[s*vocab : (s+1)*vocab]))
+			if record != nil {
+				record(s, toks[s])
+			}
 		}
 		if step == 0 {
 			first = time.Since(start)

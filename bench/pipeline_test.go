@@ -170,18 +170,18 @@ func routePipeline(b *testing.B, sessions int) {
 	s1, _ := load(shards[1], 1)
 	targets := []*pipelineTarget{rt, serve("unsplit-1t", 1, model), serve("unsplit-2t", 2, model),
 		{name: "inproc-1t", run: func() (time.Duration, error) {
-			_, took, err := ceilingRun(one, sessions, outLen, prompt)
+			_, took, err := ceilingRun(one, sessions, outLen, prompt, nil)
 			return took, err
 		}},
 		{name: "inproc-pipe", run: func() (time.Duration, error) {
-			took, busy, err := pipeCeilingRun([2]backend.Backend{s0, s1}, sessions, outLen, 2, prompt, [2]int{0, 1})
+			took, busy, err := pipeCeilingRun([2]backend.Backend{s0, s1}, sessions, outLen, 2, prompt, [2]int{0, 1}, nil)
 			for j := range busy {
 				pipeBusy[j] = append(pipeBusy[j], float64(busy[j])/float64(took))
 			}
 			return took, err
 		}},
 		{name: "inproc-chain", run: func() (time.Duration, error) {
-			took, _, err := pipeCeilingRun([2]backend.Backend{s0, s1}, sessions, outLen, 1, prompt, [2]int{0, 1})
+			took, _, err := pipeCeilingRun([2]backend.Backend{s0, s1}, sessions, outLen, 1, prompt, [2]int{0, 1}, nil)
 			return took, err
 		}},
 	}
@@ -242,8 +242,9 @@ func routePipeline(b *testing.B, sessions int) {
 // worker), runs that stage's forwards in the order the groups reach it,
 // and the last stage picks each row's next token (greedy). Every prompt
 // goes in its group's first forward. It returns the time taken and each
-// stage's time in forwards.
-func pipeCeilingRun(stages [2]backend.Backend, sessions, outLen, groups int, prompt func(int) []int32, cpus [2]int) (took time.Duration, busy [2]time.Duration, err error) {
+// stage's time in forwards; record, when set, is told each session's
+// tokens in order (from the last stage's goroutine).
+func pipeCeilingRun(stages [2]backend.Backend, sessions, outLen, groups int, prompt func(int) []int32, cpus [2]int, record func(s int, tok int32)) (took time.Duration, busy [2]time.Duration, err error) {
 	for _, be := range stages {
 		for s := range sessions {
 			be.SeqTrim(s, 0)
@@ -369,6 +370,9 @@ func pipeCeilingRun(stages [2]backend.Backend, sessions, outLen, groups int, pro
 				vocab := len(out.Logits) / (hi - lo)
 				for s := lo; s < hi; s++ {
 					toks[s] = int32(argmax.Index(out.Logits[(s-lo)*vocab : (s-lo+1)*vocab]))
+					if record != nil {
+						record(s, toks[s])
+					}
 				}
 				if h.step < outLen-1 {
 					next[h.g] <- struct{}{}
