@@ -37,9 +37,10 @@ per-hop execution and wire time, per-stage latency from worker spans, errors by 
 the harness's own CPU time per token.
 
 Target: an existing route (--route A,B,...), or a route it starts from a model (--model FILE with
---shards N or --ranges 0:8,8:12): one 'shardd serve' per shard on 127.0.0.1, each with its
---threads and --worker-cpus, stopped afterwards (also on Ctrl-C). --unsplit adds the whole model
-in one worker as a baseline, run in interleaved rounds (--rounds) with the same requests.
+--shards N [--by cost [--kv-cells N]] or --ranges 0:8,8:12, cut as 'shardd split' cuts): one
+'shardd serve' per shard on 127.0.0.1, each with its --threads and --worker-cpus, stopped
+afterwards (also on Ctrl-C). --unsplit adds the whole model in one worker as a baseline, run in
+interleaved rounds (--rounds) with the same requests.
 
 Budget (--budget FILE, .yaml or .toml; nested keys flatten with dots): limits on
   ttft|itl|tpot|e2e.STAT           e.g. itl.p99: 25ms
@@ -67,8 +68,7 @@ func runBench(args []string) error {
 	routeFlag := fs.String("route", "", "existing route: worker addresses in layer order")
 	tlsf := addClientTLS(fs)
 	model := fs.String("model", "", "whole-model GGUF: the harness splits it and starts the workers")
-	shards := fs.Int("shards", 0, "with --model: split into N shards of equal layer counts")
-	ranges := fs.String("ranges", "", "with --model: layer ranges, e.g. 0:8,8:12")
+	cut := addCutFlags(fs, "with --model: ")
 	threads := fs.String("threads", "1", "with --model: forward threads per worker, one value or one per worker (1,1)")
 	workerCPUs := fs.String("worker-cpus", "", "with --model: CPU set per worker, ';' between workers (0;1 or 0-1;2-3); empty: no pinning")
 	unsplit := fs.Bool("unsplit", false, "with --model: also run the whole model in one worker, as the baseline")
@@ -149,8 +149,8 @@ func runBench(args []string) error {
 		fs.Usage()
 		return fmt.Errorf("give --route or --model, not both")
 	}
-	if *routeFlag != "" && (*unsplit || *shards > 0 || *ranges != "" || *stages || *relayHops != "") {
-		return fmt.Errorf("--unsplit, --shards, --ranges, --stages and --relay-hops need --model (the harness starts those workers); a route you run takes relay://HOST:PORT/NAME hops in --route")
+	if *routeFlag != "" && (*unsplit || *cut.shards > 0 || *cut.rangesFlag != "" || *cut.by != "layers" || *cut.kvCells != 0 || *stages || *relayHops != "") {
+		return fmt.Errorf("--unsplit, --shards, --ranges, --by, --kv-cells, --stages and --relay-hops need --model (the harness starts those workers); a route you run takes relay://HOST:PORT/NAME hops in --route")
 	}
 	if *relayLatency < 0 {
 		return fmt.Errorf("--relay-latency must not be negative")
@@ -186,7 +186,7 @@ func runBench(args []string) error {
 			}
 			defer rl.relay.Close()
 		}
-		spawned, infos, closeAll, err := startTargets(ctx, *model, *shards, *ranges, *threads, *workerCPUs, *unsplit,
+		spawned, infos, closeAll, err := startTargets(ctx, *model, cut, *threads, *workerCPUs, *unsplit,
 			*unsplitThreads, *unsplitCPUs, *serveArgs, *stages, dir, w, levels, sweepParam, rl)
 		defer closeAll()
 		if err != nil {
@@ -324,7 +324,7 @@ func workloadInfo(w load.Workload, levels []float64, sweepParam string, rounds, 
 // startTargets splits the model, starts the route's workers (and the
 // unsplit baseline's) and returns the targets; closeAll stops every
 // process it started, also after an error.
-func startTargets(ctx context.Context, model string, shards int, rangesFlag, threadsFlag, cpusFlag string, unsplit bool,
+func startTargets(ctx context.Context, model string, cut cutFlags, threadsFlag, cpusFlag string, unsplit bool,
 	unsplitThreads, unsplitCPUs, serveArgs string, stages bool, dir string, w load.Workload, levels []float64, sweepParam string,
 	rl *relayTarget,
 ) (targets []load.Target, infos []load.TargetInfo, closeAll func(), err error) {
@@ -338,23 +338,9 @@ func startTargets(ctx context.Context, model string, shards int, rangesFlag, thr
 	if err != nil {
 		return nil, nil, closeAll, err
 	}
-	var rs []gguf.Range
-	switch {
-	case rangesFlag != "" && shards > 0:
-		return nil, nil, closeAll, fmt.Errorf("give --shards or --ranges, not both")
-	case rangesFlag != "":
-		if rs, err = gguf.ParseRanges(rangesFlag); err != nil {
-			return nil, nil, closeAll, err
-		}
-	case shards > 0:
-		if shards > meta.BlockCount {
-			return nil, nil, closeAll, fmt.Errorf("--shards %d: the model has %d layers", shards, meta.BlockCount)
-		}
-		if rs, err = meta.EvenRanges(shards); err != nil {
-			return nil, nil, closeAll, err
-		}
-	default:
-		return nil, nil, closeAll, fmt.Errorf("with --model, give --shards N or --ranges")
+	rs, err := cut.ranges(model)
+	if err != nil {
+		return nil, nil, closeAll, err
 	}
 	threads, err := perWorkerInts(threadsFlag, len(rs))
 	if err != nil {

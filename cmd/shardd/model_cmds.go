@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"maps"
 	"os"
@@ -89,14 +90,69 @@ func runGenModel(args []string) error {
 	return nil
 }
 
+// cutFlags say where a model is cut: at --ranges, or into --shards N
+// (--by layers or cost, --kv-cells with cost).
+type cutFlags struct {
+	rangesFlag *string
+	shards     *int
+	by         *string
+	kvCells    *int
+}
+
+// addCutFlags defines the cut flags on fs, their help prefixed with
+// context ("with --model: ", or "").
+func addCutFlags(fs *flag.FlagSet, context string) cutFlags {
+	return cutFlags{
+		rangesFlag: fs.String("ranges", "", context+"comma-separated START:END layer ranges, e.g. 0:8,8:12"),
+		shards:     fs.Int("shards", 0, context+"split into N shards instead (see --by)"),
+		by:         fs.String("by", "layers", "with --shards: 'layers' (near-equal layer counts) or 'cost' (near-equal matmul weight bytes, the output head on the last shard)"),
+		kvCells: fs.Int("kv-cells", 0, "with --by cost: also weigh each layer's attention over this many KV cells, the\n"+
+			"sessions in flight times their tokens (e.g. 32 x 72 = 2304); 0 weighs the weights alone"),
+	}
+}
+
+// ranges is where the flags cut model.
+func (c cutFlags) ranges(model string) ([]gguf.Range, error) {
+	if *c.kvCells < 0 || (*c.kvCells > 0 && (*c.by != "cost" || *c.shards == 0)) {
+		return nil, fmt.Errorf("--kv-cells goes with --shards N --by cost, and is 0 or more")
+	}
+	switch {
+	case *c.rangesFlag != "" && *c.shards != 0:
+		return nil, fmt.Errorf("give --ranges or --shards, not both")
+	case *c.rangesFlag != "":
+		return gguf.ParseRanges(*c.rangesFlag)
+	case *c.shards <= 0:
+		return nil, fmt.Errorf("give --shards N or --ranges")
+	}
+	meta, err := gguf.Read(model)
+	if err != nil {
+		return nil, err
+	}
+	if *c.shards > meta.BlockCount {
+		return nil, fmt.Errorf("cannot split %d layers %d ways", meta.BlockCount, *c.shards)
+	}
+	switch *c.by {
+	case "layers":
+		return meta.EvenRanges(*c.shards)
+	case "cost":
+		cost, err := gguf.ReadCost(model)
+		if err != nil {
+			return nil, err
+		}
+		rs := gguf.BalancedRanges(cost.WithKV(*c.kvCells), *c.shards)
+		if rs == nil {
+			return nil, fmt.Errorf("cannot cut %d layers into %d shards that start on multiples of %d", meta.BlockCount, *c.shards, cost.Align)
+		}
+		return rs, nil
+	}
+	return nil, fmt.Errorf("--by %q: want layers or cost", *c.by)
+}
+
 func runSplit(args []string) error {
 	fs := newFlags("split", "--model FULL.gguf (--ranges 0:6,6:12 | --shards N) [--out-dir DIR]",
 		"Writes one GGUF per layer range, named <model>.<start>-<end>.gguf, and prints their paths in order.")
 	model := fs.String("model", "", "whole model GGUF")
-	rangesFlag := fs.String("ranges", "", "comma-separated START:END layer ranges")
-	shards := fs.Int("shards", 0, "split into N ranges instead (see --by)")
-	by := fs.String("by", "layers", "with --shards: 'layers' (near-equal layer counts) or 'cost' (near-equal matmul weight bytes, the output head on the last shard)")
-	kvCells := fs.Int("kv-cells", 0, "with --by cost: also weigh each layer's attention over this many KV cells, the\nsessions in flight times their tokens (e.g. 32 x 72 = 2304); 0 weighs the weights alone")
+	cut := addCutFlags(fs, "")
 	outDir := fs.String("out-dir", ".", "folder for the shard files")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
 	if err := fs.Parse(args); err != nil {
@@ -105,44 +161,9 @@ func runSplit(args []string) error {
 	if err := required(fs, "model"); err != nil {
 		return err
 	}
-	if *kvCells < 0 || (*kvCells > 0 && (*by != "cost" || *shards == 0)) {
-		return fmt.Errorf("--kv-cells goes with --shards N --by cost, and is 0 or more")
-	}
-	var ranges []gguf.Range
-	switch {
-	case *rangesFlag != "" && *shards != 0:
-		return fmt.Errorf("give --ranges or --shards, not both")
-	case *rangesFlag != "":
-		var err error
-		if ranges, err = gguf.ParseRanges(*rangesFlag); err != nil {
-			return err
-		}
-	case *shards > 0:
-		meta, err := gguf.Read(*model)
-		if err != nil {
-			return err
-		}
-		if *shards > meta.BlockCount {
-			return fmt.Errorf("cannot split %d layers %d ways", meta.BlockCount, *shards)
-		}
-		switch *by {
-		case "layers":
-			if ranges, err = meta.EvenRanges(*shards); err != nil {
-				return err
-			}
-		case "cost":
-			c, err := gguf.ReadCost(*model)
-			if err != nil {
-				return err
-			}
-			if ranges = gguf.BalancedRanges(c.WithKV(*kvCells), *shards); ranges == nil {
-				return fmt.Errorf("cannot cut %d layers into %d shards that start on multiples of %d", meta.BlockCount, *shards, c.Align)
-			}
-		default:
-			return fmt.Errorf("--by %q: want layers or cost", *by)
-		}
-	default:
-		return fmt.Errorf("give --ranges or --shards")
+	ranges, err := cut.ranges(*model)
+	if err != nil {
+		return err
 	}
 	var last time.Time
 	progress := func(done, total int64) {
