@@ -149,7 +149,7 @@ func (c cutFlags) ranges(model string) ([]gguf.Range, error) {
 }
 
 func runSplit(args []string) error {
-	fs := newFlags("split", "--model FULL.gguf (--ranges 0:6,6:12 | --shards N) [--out-dir DIR]",
+	fs := newFlags("split", "--model FULL.gguf (--ranges 0:6,6:12 | --shards N [--by cost [--kv-cells N]]) [--out-dir DIR]",
 		"Writes one GGUF per layer range, named <model>.<start>-<end>.gguf, and prints their paths in order.")
 	model := fs.String("model", "", "whole model GGUF")
 	cut := addCutFlags(fs, "")
