@@ -95,6 +95,15 @@ type pipelineTarget struct {
 	rates  []float64
 }
 
+// needTwoCPUs skips a benchmark that pins threads to CPUs 0 and 1 where
+// this process may not run on both.
+func needTwoCPUs(b *testing.B) {
+	var set unix.CPUSet
+	if unix.SchedGetaffinity(0, &set) != nil || !set.IsSet(0) || !set.IsSet(1) {
+		b.Skip("pins threads to CPUs 0 and 1, and this process may not use both")
+	}
+}
+
 // pipelineShards are model's two shards for the pipeline benchmarks: cut
 // by cost with attention over cells KV cells (`split --by cost --kv-cells
 // cells`), or at SHARDD_BENCH_RANGES (e.g. "0:8,8:12").
@@ -130,6 +139,7 @@ var pipelineRatios = []struct {
 }{{"route/unsplit-1t", 0, 1}, {"route/unsplit-2t", 0, 2}, {"route/inproc-pipe", 0, 4}, {"inproc-pipe/inproc-1t", 4, 3}, {"inproc-chain/inproc-1t", 5, 3}}
 
 func routePipeline(b *testing.B, sessions int) {
+	needTwoCPUs(b)
 	const promptLen, outLen = 8, 64
 	model := benchModel(b)
 	shards := pipelineShards(b, model, sessions*(promptLen+outLen))
@@ -389,15 +399,16 @@ func pipeCeilingRun(stages [2]backend.Backend, sessions, outLen, groups int, pro
 // the bound on what a second CPU adds to a pipeline. It times 16-row decode
 // forwards of the first shard of BenchmarkRoutePipeline's split (KV held
 // at 8 cells a row), on a thread pinned to CPU 0, while CPU 1 is idle
-// ("alone"), spins in Go ("spin": CPU 1 busy, memory quiet), runs eight independent
-// floating-point chains in Go ("fpu": CPU 1's FP units busy), copies a 256
-// MiB buffer ("stream": the memory bus busy), or loops the second shard's
-// 16-row forward ("forward": a pipeline's other stage). Each op times
+// ("alone"), spins in Go ("spin": CPU 1 busy, memory quiet), runs eight
+// independent floating-point chains in Go ("fpu": CPU 1's FP units busy),
+// copies a 256 MiB buffer ("stream": the memory bus busy), or loops the
+// second shard's 16-row forward ("forward": a pipeline's other stage). Each op times
 // every case in turn (eight forwards each, the order rotating); reported
 // are each case's median time and the median of its per-op ratio to
 // "alone". On a machine whose two CPUs are two cores with bandwidth to
 // spare, every ratio is near 1.
 func BenchmarkForwardBeside(b *testing.B) {
+	needTwoCPUs(b)
 	const rows, past = 16, 8
 	model := benchModel(b)
 	shards := pipelineShards(b, model, 32*72)
