@@ -213,9 +213,9 @@ func TestBalancedRanges(t *testing.T) {
 	}
 }
 
-// ReadCost counts each block's matrices and the output head, not the
-// embedding lookup or the norms.
-func TestReadCost(t *testing.T) {
+// tinyCost generates the tiny preset and reads its cost.
+func tinyCost(t *testing.T) (string, Spec, Cost) {
+	t.Helper()
 	p := filepath.Join(t.TempDir(), "tiny.gguf")
 	spec := Presets["tiny"]
 	if err := Generate(p, spec); err != nil {
@@ -225,6 +225,13 @@ func TestReadCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return p, spec, c
+}
+
+// ReadCost counts each block's matrices and the output head, not the
+// embedding lookup or the norms.
+func TestReadCost(t *testing.T) {
+	p, spec, c := tinyCost(t)
 	if len(c.Layers) != spec.Layers || c.Head == 0 {
 		t.Fatalf("%d layers, head %d", len(c.Layers), c.Head)
 	}
@@ -354,15 +361,7 @@ func TestShardsNameTheModelsWeights(t *testing.T) {
 // the stages were busy 0.95 / 0.68-0.69 of the time at the first cut and
 // 0.82-0.83 / 0.88-0.90 at the second).
 func TestCostWithKV(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "tiny.gguf")
-	spec := Presets["tiny"]
-	if err := Generate(p, spec); err != nil {
-		t.Fatal(err)
-	}
-	c, err := ReadCost(p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, spec, c := tinyCost(t)
 	meta, err := Read(p)
 	if err != nil {
 		t.Fatal(err)
