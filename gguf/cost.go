@@ -105,13 +105,13 @@ func ReadCost(path string) (Cost, error) {
 	}
 	kv := g.KV()
 	heads := kv.HeadCount()
-	qkv := int64(kv.EmbeddingHeadCountK() + kv.EmbeddingHeadCountV())
+	kvLen := int64(kv.EmbeddingHeadCountK() + kv.EmbeddingHeadCountV()) // key + value length
 	c.PerCell = make([]int64, len(c.Layers))
 	for i := range c.PerCell {
 		if elems[i] > 0 && i < len(heads) {
 			// heads x (k + v) weights' worth of multiply-adds, at this
 			// layer's bytes per weight.
-			c.PerCell[i] = int64(heads[i]) * qkv * c.Layers[i] / elems[i]
+			c.PerCell[i] = int64(heads[i]) * kvLen * c.Layers[i] / elems[i]
 		}
 	}
 	shardNotLast := kv.String(KeySourceDigest) != "" && kv.Uint(KeyEndLayer) != kv.Uint(KeyTotalLayers)
