@@ -47,8 +47,9 @@ import (
 // wherever the OS puts it, as it does on a machine with no CPU of its own
 // for the head. Also reported: each stage's busy share (time in forwards
 // over the wall time; 1.0 on both is two CPUs of forwards), for the route
-// and for inproc-pipe, and the CPU this process spent outside the route's
-// forwards per token (head, gRPC, scheduling).
+// and for inproc-pipe; the route's rows per forward on each stage (near
+// N/2 when the sessions move in two groups); and the CPU this process
+// spent outside the route's forwards per token (head, gRPC, scheduling).
 func BenchmarkRoutePipeline(b *testing.B) {
 	sizes := []int{16, 32}
 	if v := os.Getenv("SHARDD_BENCH_SESSIONS"); v != "" {
@@ -66,23 +67,28 @@ func BenchmarkRoutePipeline(b *testing.B) {
 	}
 }
 
-// busyBackend counts the time a served backend spends in forward calls
-// (timedBackend is the unserved one of the chains).
+// busyBackend counts a served backend's forward calls, their rows and the
+// time spent in them (timedBackend is the unserved one of the chains).
 type busyBackend struct {
 	*llamacpp.Backend
-	busy atomic.Int64 // ns
+	busy        atomic.Int64 // ns
+	calls, rows atomic.Int64
 }
 
 func (t *busyBackend) Forward(bt backend.Batch, out *backend.Output) error {
-	start := time.Now()
-	defer func() { t.busy.Add(int64(time.Since(start))) }()
+	defer t.count(bt, time.Now())
 	return t.Backend.Forward(bt, out)
 }
 
 func (t *busyBackend) ForwardPreemptible(bt backend.Batch, out *backend.Output) error {
-	start := time.Now()
-	defer func() { t.busy.Add(int64(time.Since(start))) }()
+	defer t.count(bt, time.Now())
 	return t.Backend.ForwardPreemptible(bt, out)
+}
+
+func (t *busyBackend) count(bt backend.Batch, start time.Time) {
+	t.busy.Add(int64(time.Since(start)))
+	t.calls.Add(1)
+	t.rows.Add(int64(bt.Len()))
 }
 
 // pipelineTarget is one way to decode the sessions: through workers in this
@@ -173,7 +179,7 @@ func routePipeline(b *testing.B, sessions int) {
 		return t
 	}
 	prompt := sessionPrompts(promptLen)
-	var busy, pipeBusy [2][]float64
+	var busy, pipeBusy, rowsPer [2][]float64
 	rt := serve("route", 1, shards...)
 	one, _ := load(model, 1)
 	s0, _ := load(shards[0], 1)
@@ -200,9 +206,9 @@ func routePipeline(b *testing.B, sessions int) {
 	for op := 0; b.Loop(); op++ {
 		for i := range targets {
 			t := targets[(op+i)%len(targets)]
-			var busy0 []int64
+			var busy0, calls0, rows0 []int64
 			for _, s := range t.stages {
-				busy0 = append(busy0, s.busy.Load())
+				busy0, calls0, rows0 = append(busy0, s.busy.Load()), append(calls0, s.calls.Load()), append(rows0, s.rows.Load())
 			}
 			cpu0 := processCPU()
 			var took time.Duration
@@ -224,6 +230,7 @@ func routePipeline(b *testing.B, sessions int) {
 				d := s.busy.Load() - busy0[j]
 				fwd += d
 				busy[j] = append(busy[j], float64(d)/float64(took))
+				rowsPer[j] = append(rowsPer[j], float64(s.rows.Load()-rows0[j])/float64(max(s.calls.Load()-calls0[j], 1)))
 			}
 			otherCPU = append(otherCPU, float64(cpu-fwd)/1e3/float64(sessions*outLen))
 		}
@@ -240,6 +247,8 @@ func routePipeline(b *testing.B, sessions int) {
 	}
 	b.ReportMetric(medianF(busy[0]), "stage0-busy")
 	b.ReportMetric(medianF(busy[1]), "stage1-busy")
+	b.ReportMetric(medianF(rowsPer[0]), "stage0-rows/forward")
+	b.ReportMetric(medianF(rowsPer[1]), "stage1-rows/forward")
 	b.ReportMetric(medianF(pipeBusy[0]), "pipe-stage0-busy")
 	b.ReportMetric(medianF(pipeBusy[1]), "pipe-stage1-busy")
 	b.ReportMetric(medianF(otherCPU), "other-cpu-us/token")
