@@ -107,7 +107,7 @@ func addCutFlags(fs *flag.FlagSet, context string) cutFlags {
 		shards:     fs.Int("shards", 0, context+"split into N shards instead (see --by)"),
 		by:         fs.String("by", "layers", "with --shards: 'layers' (near-equal layer counts) or 'cost' (near-equal matmul weight bytes, the output head on the last shard)"),
 		kvCells: fs.Int("kv-cells", 0, "with --by cost: also weigh each layer's attention over this many KV cells, the\n"+
-			"sessions in flight times their tokens (e.g. 32 x 72 = 2304); 0 weighs the weights alone"),
+			"sessions in flight times their full length (e.g. 32 x 72 = 2304); 0 weighs the weights alone"),
 	}
 }
 
