@@ -110,6 +110,15 @@ func needTwoCPUs(b *testing.B) {
 	}
 }
 
+// pinThread locks the calling goroutine to its thread and pins the thread
+// to cpu. It is never unlocked: the thread ends with the goroutine.
+func pinThread(cpu int) error {
+	runtime.LockOSThread()
+	var set unix.CPUSet
+	set.Set(cpu)
+	return unix.SchedSetaffinity(0, &set)
+}
+
 // pipelineShards are model's two shards for the pipeline benchmarks: cut
 // by cost with attention over cells KV cells (`split --by cost --kv-cells
 // cells`), or at SHARDD_BENCH_RANGES (e.g. "0:8,8:12").
@@ -293,8 +302,9 @@ func pipeCeilingRun(stages [2]backend.Backend, sessions, outLen, groups int, pro
 		i := 0
 		for s := lo; s < hi; s++ {
 			n, pos0 := 1, promptLen+step-1
+			var p []int32
 			if step == 0 {
-				n, pos0 = promptLen, 0
+				n, pos0, p = promptLen, 0, prompt(s)
 			}
 			for k := range n {
 				out := !lastOnly || k == n-1
@@ -303,7 +313,7 @@ func pipeCeilingRun(stages [2]backend.Backend, sessions, outLen, groups int, pro
 				case rowHidden != nil:
 					err = bt.AddHiddenF32(s, pos0+k, rowHidden(i), out)
 				case step == 0:
-					err = bt.AddToken(s, k, prompt(s)[k], out)
+					err = bt.AddToken(s, k, p[k], out)
 				default:
 					err = bt.AddToken(s, pos0, toks[s], out)
 				}
@@ -316,10 +326,7 @@ func pipeCeilingRun(stages [2]backend.Backend, sessions, outLen, groups int, pro
 		return nil
 	}
 	stage := func(i int, run func(bt backend.Batch, out *backend.Output) error) {
-		runtime.LockOSThread() // never unlocked: the pinned thread ends with the goroutine
-		var set unix.CPUSet
-		set.Set(cpus[i])
-		if err := unix.SchedSetaffinity(0, &set); err != nil {
+		if err := pinThread(cpus[i]); err != nil {
 			fail(err)
 			return
 		}
@@ -481,17 +488,11 @@ func BenchmarkForwardBeside(b *testing.B) {
 		}
 		be.FreeBatch(bt)
 	}
-	pin := func(cpu int) error {
-		runtime.LockOSThread() // never unlocked: the pinned thread ends with its goroutine
-		var set unix.CPUSet
-		set.Set(cpu)
-		return unix.SchedSetaffinity(0, &set)
-	}
 	// beside runs other on CPU 1 until stop is closed, and closes finished
 	// when it has stopped.
 	beside := func(other string, stop <-chan struct{}, started chan<- error, finished chan<- struct{}) {
 		defer close(finished)
-		if err := pin(1); err != nil || other == "alone" {
+		if err := pinThread(1); err != nil || other == "alone" {
 			started <- err
 			return
 		}
@@ -562,7 +563,7 @@ func BenchmarkForwardBeside(b *testing.B) {
 	done := make(chan error)
 	go func() {
 		done <- func() error {
-			if err := pin(0); err != nil {
+			if err := pinThread(0); err != nil {
 				return err
 			}
 			bt, err := bes[0].NewBatch()
