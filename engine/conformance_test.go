@@ -461,10 +461,31 @@ func TestCapabilityAndHealth(t *testing.T) {
 	if c.Fingerprint.ModelArtifactDigest != w.id.Fingerprint.ModelArtifactDigest || c.ShardRange.EndLayer != 6 || c.Backend == "" {
 		t.Fatalf("identity %v", c)
 	}
-	s := w.open(t, "health", 1)
-	s.prefillTokens(1, 1, 2, 3, 4)
-	h, err := w.client.Health(ctx, &shardv1.HealthRequest{SchemaVersion: 1})
-	if err != nil || h.State != shardv1.ServingState_SERVING_STATE_SERVING || h.ActiveSessions != 1 || h.KvPressure <= 0 || h.ResidentBytes == 0 || h.BatchOccupancy == 0 {
-		t.Fatalf("health %v %v", h, err)
+	// Health read right after a reply reflects the state the reply reports.
+	health := func() *shardv1.HealthReport {
+		t.Helper()
+		h, err := w.client.Health(ctx, &shardv1.HealthRequest{SchemaVersion: 1})
+		if err != nil || h.State != shardv1.ServingState_SERVING_STATE_SERVING || h.ResidentBytes == 0 {
+			t.Fatalf("health %v %v", h, err)
+		}
+		return h
+	}
+	for i, id := range []string{"h0", "h1", "h2"} {
+		s := w.open(t, id, 1)
+		if o := s.prefillTokens(1, 1, 2, 3, 4); o.ack == nil {
+			t.Fatalf("prefill %s: %v", id, o.status)
+		}
+		if h := health(); h.ActiveSessions != uint32(i+1) || h.KvPressure <= 0 || h.BatchOccupancy == 0 {
+			t.Fatalf("after prefill %d: %v", i, h)
+		}
+	}
+	for i, id := range []string{"h0", "h1", "h2"} {
+		r, err := w.client.Release(ctx, &shardv1.ReleaseRequest{SchemaVersion: 1, RouteSessionId: id, RouteEpoch: 1})
+		if err != nil || !r.Released {
+			t.Fatalf("release %s: %v %v", id, r, err)
+		}
+		if h := health(); h.ActiveSessions != uint32(2-i) {
+			t.Fatalf("after release %d: %v", i, h)
+		}
 	}
 }

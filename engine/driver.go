@@ -88,7 +88,7 @@ func (d *driver) run() {
 // in between.
 func (d *driver) step() {
 	fp, run := d.s.plan(d.s.now())
-	d.apply()
+	d.settle(0)
 	if !run {
 		return
 	}
@@ -97,15 +97,13 @@ func (d *driver) step() {
 	if err != nil && !errors.Is(err, backend.ErrPreempted) {
 		d.e.log.Error("forward failed", "rows", fp.rows, "err", err)
 	}
-	d.apply()
-	d.publish(fp.rows)
+	d.settle(fp.rows)
 }
 
 // sweep evicts expired sessions and publishes the store's figures.
 func (d *driver) sweep() {
 	d.s.store.Sweep()
-	d.apply()
-	d.publish(0)
+	d.settle(0)
 }
 
 // runOp runs a control operation (cancel, release, a query) after taking in
@@ -121,8 +119,7 @@ func (d *driver) runOp(op func()) {
 		break
 	}
 	op()
-	d.apply()
-	d.publish(0)
+	d.settle(0)
 }
 
 // forward fills the batch with the planned rows and runs it: the only call
@@ -193,6 +190,14 @@ func (d *driver) apply() {
 	fx.reset()
 }
 
+// settle publishes the state's figures and then carries out the effects,
+// so a peer that reads Health after its reply sees the state the reply
+// reports (the queue count alone still falls after delivery, for Drain).
+func (d *driver) settle(rows int) {
+	d.publish(rows)
+	d.apply()
+}
+
 // publish copies the state's figures to the engine's atomics, which
 // Health and the metrics read; rows is the forward just run (0: none).
 func (d *driver) publish(rows int) {
@@ -219,8 +224,7 @@ func (d *driver) publish(rows int) {
 // state's results and the batch.
 func (d *driver) shutdown() {
 	d.s.shutdown()
-	d.apply()
-	d.publish(0)
+	d.settle(0)
 	if d.batch != nil {
 		d.be.FreeBatch(d.batch)
 		d.batch = nil

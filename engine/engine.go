@@ -161,7 +161,7 @@ func (e *Engine) Close() {
 func (e *Engine) do(ctx context.Context, op func()) error {
 	done := make(chan struct{})
 	select {
-	case e.control <- func() { op(); e.drv.apply(); close(done) }:
+	case e.control <- func() { op(); e.drv.settle(0); close(done) }:
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-e.stopped:
