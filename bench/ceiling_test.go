@@ -84,7 +84,7 @@ func decodeCeiling(b *testing.B, sessions int) {
 	var inProc, worker, inProcFirst, workerFirst, inProcDecode, workerDecode []float64
 	b.ReportAllocs()
 	for b.Loop() {
-		first, t, err := ceilingRun(direct, sessions, outLen, prompt, nil)
+		first, t, err := ceilingRun(direct, sessions, outLen, 1, prompt, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -150,11 +150,13 @@ func generateAll(b *testing.B, rt *route.Route, sessions, outLen int, prompt fun
 	return last.Sub(start), time.Since(start)
 }
 
-// ceilingRun prefills every session's prompt in one forward, then decodes
-// outLen-1 steps of one row per session per forward, greedy; it returns
-// the time until every session had its first token, and the time taken.
-// record, when set, is told each session's tokens in order.
-func ceilingRun(be backend.Backend, sessions, outLen int, prompt func(int) []int32, record func(s int, tok int32)) (first, took time.Duration, err error) {
+// ceilingRun prefills every session's prompt, then decodes outLen-1
+// steps of one row per session, greedy, the sessions in groups of
+// ceil(sessions/groups) taking turns: each step is one forward per group
+// (groups 1: one forward of every session). It returns the time until
+// every session had its first token, and the time taken. record, when
+// set, is told each session's tokens in order.
+func ceilingRun(be backend.Backend, sessions, outLen, groups int, prompt func(int) []int32, record func(s int, tok int32)) (first, took time.Duration, err error) {
 	bt, err := be.NewBatch()
 	if err != nil {
 		return 0, 0, err
@@ -166,35 +168,35 @@ func ceilingRun(be backend.Backend, sessions, outLen int, prompt func(int) []int
 	var out backend.Output
 	start := time.Now()
 	toks := make([]int32, sessions)
-	pos := 0
+	size := (sessions + groups - 1) / groups
+	promptLen := len(prompt(0))
 	for step := range outLen {
-		bt.Reset()
-		for s := range sessions {
-			if step == 0 {
-				p := prompt(s)
-				for i, t := range p {
-					if err := bt.AddToken(s, i, t, i == len(p)-1); err != nil {
-						return 0, 0, err
+		for lo := 0; lo < sessions; lo += size {
+			hi := min(lo+size, sessions)
+			bt.Reset()
+			for s := lo; s < hi; s++ {
+				if step == 0 {
+					p := prompt(s)
+					for i, t := range p {
+						if err := bt.AddToken(s, i, t, i == len(p)-1); err != nil {
+							return 0, 0, err
+						}
 					}
+					continue
 				}
-				pos = len(p)
-				continue
+				if err := bt.AddToken(s, promptLen+step-1, toks[s], true); err != nil {
+					return 0, 0, err
+				}
 			}
-			if err := bt.AddToken(s, pos, toks[s], true); err != nil {
+			if err := be.Forward(bt, &out); err != nil {
 				return 0, 0, err
 			}
-		}
-		if step > 0 {
-			pos++
-		}
-		if err := be.Forward(bt, &out); err != nil {
-			return 0, 0, err
-		}
-		vocab := len(out.Logits) / sessions
-		for s := range sessions {
-			toks[s] = int32(argmax.Index(out.Logits[s*vocab : (s+1)*vocab]))
-			if record != nil {
-				record(s, toks[s])
+			vocab := len(out.Logits) / (hi - lo)
+			for s := lo; s < hi; s++ {
+				toks[s] = int32(argmax.Index(out.Logits[(s-lo)*vocab : (s-lo+1)*vocab]))
+				if record != nil {
+					record(s, toks[s])
+				}
 			}
 		}
 		if step == 0 {

@@ -36,7 +36,14 @@ import (
 //     pinned to its own CPU, the sessions in two groups so both stages
 //     compute at once: the pipeline's ceiling on this machine;
 //   - inproc-chain: the same in one group, so the stages take turns: what
-//     the cut alone costs.
+//     the cut alone costs;
+//   - inproc-groups: the whole model at 1 thread, the sessions in the same
+//     two groups taking turns, a forward each per step: what the groups'
+//     size alone costs. Two stages that overlap perfectly, split the work
+//     evenly and do not slow each other make twice its tokens/s, so
+//     inproc-pipe / inproc-groups (at most 2) is how near the pipeline
+//     comes to that, and 2 x inproc-groups / inproc-1t is the most two
+//     stages can give over one thread at this group size.
 //
 // SHARDD_BENCH_SESSIONS sets the session counts (default 16,32). Each op
 // runs every target in turn, starting with a different one each
@@ -151,7 +158,8 @@ func pipelineShards(b *testing.B, model string, cells int) []string {
 var pipelineRatios = []struct {
 	name     string
 	num, den int
-}{{"route/unsplit-1t", 0, 1}, {"route/unsplit-2t", 0, 2}, {"route/inproc-pipe", 0, 4}, {"inproc-pipe/inproc-1t", 4, 3}, {"inproc-chain/inproc-1t", 5, 3}}
+}{{"route/unsplit-1t", 0, 1}, {"route/unsplit-2t", 0, 2}, {"route/inproc-pipe", 0, 4}, {"inproc-pipe/inproc-1t", 4, 3},
+	{"inproc-chain/inproc-1t", 5, 3}, {"inproc-groups/inproc-1t", 6, 3}, {"inproc-pipe/inproc-groups", 4, 6}, {"unsplit-2t/unsplit-1t", 2, 1}}
 
 func routePipeline(b *testing.B, sessions int) {
 	needTwoCPUs(b)
@@ -195,7 +203,7 @@ func routePipeline(b *testing.B, sessions int) {
 	s1, _ := load(shards[1], 1)
 	targets := []*pipelineTarget{rt, serve("unsplit-1t", 1, model), serve("unsplit-2t", 2, model),
 		{name: "inproc-1t", run: func() (time.Duration, error) {
-			_, took, err := ceilingRun(one, sessions, outLen, prompt, nil)
+			_, took, err := ceilingRun(one, sessions, outLen, 1, prompt, nil)
 			return took, err
 		}},
 		{name: "inproc-pipe", run: func() (time.Duration, error) {
@@ -207,6 +215,10 @@ func routePipeline(b *testing.B, sessions int) {
 		}},
 		{name: "inproc-chain", run: func() (time.Duration, error) {
 			took, _, err := pipeCeilingRun([2]backend.Backend{s0, s1}, sessions, outLen, 1, prompt, [2]int{0, 1}, nil)
+			return took, err
+		}},
+		{name: "inproc-groups", run: func() (time.Duration, error) {
+			_, took, err := ceilingRun(one, sessions, outLen, 2, prompt, nil)
 			return took, err
 		}},
 	}
