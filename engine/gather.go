@@ -90,28 +90,6 @@ func (g *gatherer) due(now time.Time) (time.Time, bool) {
 // expected arrival.
 const dueSlack = 2 * time.Millisecond
 
-// expected returns the latest time, no later than by, at which a decoding
-// session's next step is expected (its last completion plus its usual
-// gap), over the sessions whose step has not arrived and is overdue by no
-// more than max(gap, dueSlack); ok is false when no such step is expected
-// by then.
-func (g *gatherer) expected(now, by time.Time) (latest time.Time, ok bool) {
-	for id, t := range g.last {
-		a, has := g.gap[id]
-		if !has || !a.ok || g.queued[id] {
-			continue
-		}
-		at := t.Add(a.v)
-		if at.After(by) || now.Sub(at) > max(a.v, dueSlack) {
-			continue
-		}
-		if !ok || at.After(latest) {
-			latest, ok = at, true
-		}
-	}
-	return latest, ok
-}
-
 // decoding counts the sessions that completed a decode step within recent
 // of now, forgetting older ones. A session that finished a prompt and has
 // sent no decode step yet is not counted: one that only ever prefills
@@ -147,12 +125,7 @@ func (g *gatherer) active(now time.Time, window time.Duration) int {
 // hold returns how much longer an iteration with ready decode rows should
 // wait for more (0: run now). groups <= 0 turns gathering off; window 0
 // bounds a hold by half of predict(the rows it waits for), and with no
-// prediction yet it does not hold. It waits only while some decoding
-// session's step is expected before the window ends, and no longer than
-// dueSlack past the latest such: when the groups are uneven (14 and 18 of
-// 32), the smaller one's missing rows are in the other group, a whole
-// trip away, and waiting the window for them would idle the stage every
-// time round.
+// prediction yet it does not hold.
 func (g *gatherer) hold(now time.Time, ready, decoding, groups int, window time.Duration, predict func(rows int) (time.Duration, bool)) time.Duration {
 	need := 0
 	if groups > 0 {
@@ -174,10 +147,9 @@ func (g *gatherer) hold(now time.Time, ready, decoding, groups int, window time.
 		g.since = now
 	}
 	left := g.since.Add(window).Sub(now)
-	latest, ok := g.expected(now, now.Add(left))
-	if left <= 0 || !ok {
+	if left <= 0 {
 		g.since = time.Time{}
 		return 0
 	}
-	return min(left, max(latest.Sub(now), 0)+dueSlack)
+	return left
 }

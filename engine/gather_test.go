@@ -6,82 +6,55 @@ import (
 	"time"
 )
 
-// The gathering rule as a script: 32 sessions move in two uneven groups,
-// A (14) and B (18), each step coming back 27 ms after the last one
-// completed, B one 26 ms forward behind A. Iterations with some decode
-// rows ready ask whether to wait for more.
+// The gathering rule as a script: sessions complete steps, then iterations
+// with some decode rows ready ask whether to wait.
 func TestGatherHolds(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	// A forward of n rows is predicted at 10 ms + 1 ms per row: 16 rows,
-	// 26 ms, so a hold for them lasts at most 13 ms.
+	// A forward of n rows is predicted at 10 ms + 1 ms per row.
 	predict := func(rows int) (time.Duration, bool) { return time.Duration(10+rows) * time.Millisecond, true }
 	none := func(int) (time.Duration, bool) { return 0, false }
 	quiet := 250 * time.Millisecond
-	ids := func(lo, hi int) []string {
-		var v []string
-		for i := lo; i < hi; i++ {
-			v = append(v, fmt.Sprint("s", i))
-		}
-		return v
-	}
-	A, B := ids(0, 14), ids(14, 32)
+
 	var g gatherer
-	for _, id := range A {
-		g.done(id, at(-27))
+	for i := range 32 {
+		id := fmt.Sprint("s", i)
+		g.done(id, at(0)) // its prompt
 		g.arrived(id, at(0))
-		g.done(id, at(0)) // next step expected at 27 ms
-	}
-	for _, id := range B {
-		g.done(id, at(-1))
-		g.arrived(id, at(26))
-		g.done(id, at(26)) // next step expected at 53 ms
+		g.done(id, at(0)) // its first decode step
 	}
 	steps := []struct {
-		now           int      // ms
-		arrive        []string // steps arriving just before the ask
-		done          []string // steps completed just before the ask
+		now           int // ms
 		ready, groups int
 		window        time.Duration
 		predict       func(int) (time.Duration, bool)
 		want          time.Duration
 	}{
-		// 32 decoding, 2 groups: 16 wanted. A's first 10 are in; its other
-		// 4 are due now: wait for them, dueSlack at a time.
-		{now: 27, arrive: A[:10], ready: 10, groups: 2, predict: predict, want: 2 * time.Millisecond},
-		// All of A is in. The 2 rows still wanted are B's, due at 53 ms,
-		// past the hold's end at 40: run now rather than idle 12 ms.
-		{now: 28, arrive: A[10:], ready: 14, groups: 2, predict: predict, want: 0},
-		// B comes back with 3 of its rows late: wait for them while they
-		// are expected, but no longer than the window.
-		{now: 53, done: A, arrive: B[:15], ready: 15, groups: 2, predict: predict, want: 2 * time.Millisecond},
-		{now: 55, ready: 15, groups: 2, predict: predict, want: 2 * time.Millisecond},
-		{now: 66, ready: 15, groups: 2, predict: predict, want: 0},
-		// Enough ready: run, whatever is still expected.
-		{now: 67, arrive: B[15:17], ready: 17, groups: 2, predict: predict, want: 0},
-		// A set window instead of the prediction (A, done at 53, is due at
-		// 80); a new hold starts afresh and ends when its window is spent.
-		{now: 80, done: B, arrive: A[:5], ready: 5, groups: 2, window: time.Millisecond, predict: predict, want: time.Millisecond},
-		{now: 81, ready: 5, groups: 2, window: time.Millisecond, predict: predict, want: 0},
+		// 32 decoding, 2 groups: 16 wanted. 10 ready waits half of the
+		// predicted 26 ms, counted from the first ask.
+		{now: 1, ready: 10, groups: 2, predict: predict, want: 13 * time.Millisecond},
+		{now: 5, ready: 12, groups: 2, predict: predict, want: 9 * time.Millisecond},
+		// Enough ready: run, and the hold is over.
+		{now: 6, ready: 16, groups: 2, predict: predict, want: 0},
+		// A new hold starts afresh; it ends when its window is spent.
+		{now: 20, ready: 3, groups: 2, predict: predict, want: 13 * time.Millisecond},
+		{now: 33, ready: 3, groups: 2, predict: predict, want: 0},
+		// A set window instead of the prediction.
+		{now: 40, ready: 3, groups: 2, window: 2 * time.Millisecond, predict: predict, want: 2 * time.Millisecond},
+		{now: 42, ready: 3, groups: 2, window: 2 * time.Millisecond, predict: predict, want: 0},
 		// Gathering off, or nothing to predict with: run at once.
-		{now: 82, ready: 5, groups: -1, predict: predict, want: 0},
-		{now: 82, ready: 5, groups: 2, predict: none, want: 0},
+		{now: 50, ready: 3, groups: -1, predict: predict, want: 0},
+		{now: 60, ready: 3, groups: 2, predict: none, want: 0},
 		// Nothing ready: nothing to hold.
-		{now: 82, ready: 0, groups: 2, predict: predict, want: 0},
+		{now: 70, ready: 0, groups: 2, predict: predict, want: 0},
 	}
 	for i, s := range steps {
-		for _, id := range s.done {
-			g.done(id, at(s.now))
-		}
-		for _, id := range s.arrive {
-			g.arrived(id, at(s.now))
-		}
 		decoding := g.decoding(at(s.now), quiet)
 		if decoding != 32 {
 			t.Fatalf("step %d: %d decoding, want 32", i, decoding)
 		}
 		if got := g.hold(at(s.now), s.ready, decoding, s.groups, s.window, s.predict); got != s.want {
-			t.Errorf("step %d (now %d ms, %d ready): hold %v, want %v", i, s.now, s.ready, got, s.want)
+			t.Errorf("step %d (%+v): hold %v, want %v", i, s, got, s.want)
 		}
 	}
 }

@@ -288,6 +288,15 @@ func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
 			s.wake = now.Add(wait)
 			return forwardPlan{}, false
 		}
+		// A group's share and no more: steps beyond it (the earliest
+		// arrivals go first) wait for the next group, so uneven groups
+		// (18 and 14 of 32) even out in one trip instead of the smaller
+		// one holding its window every time round.
+		if g := cfg.DecodeGroups; g > 1 {
+			if share := (max(decoding, len(decodes)) + g - 1) / g; len(decodes) > share {
+				decodes = decodes[:share]
+			}
+		}
 	}
 	budget := cfg.PrefillIterationTokens
 	var limit time.Duration // the iteration's time budget, when it has one
