@@ -378,6 +378,32 @@ func TestPlanHoldIgnoresPromptOnlySessions(t *testing.T) {
 	sc.expect("together", sc.plan(), "d:d1 p:d1") // in KV sequence order
 }
 
+// On a shard (DecodeGroups 2) a decode iteration takes one group's share
+// of the decoding sessions' steps, the earliest arrivals first, and the
+// rest wait for the next group: groups of 3 and 1 become 2 and 2 in one
+// trip. A worker holding the whole model (DecodeGroups 1) takes them all.
+func TestPlanDecodeGroupShare(t *testing.T) {
+	for _, groups := range []int{2, 1} {
+		sc := newScript(t, Config{DecodeGroups: groups, DecodeQuiet: time.Second}, nil)
+		sc.prefilled(2, "a", "b", "c", "d")
+		sc.submit("d", 0)
+		sc.expect("d alone at first", sc.step(0), "d:d1")
+		sc.replies("d")
+		sc.now = sc.now.Add(time.Millisecond)
+		sc.submit("c", 0)
+		sc.submit("a", 0)
+		sc.submit("b", 0)
+		if groups == 1 {
+			sc.expect("the whole model", sc.step(0), "a:d1 b:d1 c:d1")
+			continue
+		}
+		sc.expect("a group's share", sc.step(0), "a:d1 c:d1")
+		sc.expect("c and a answered", sc.replies("c")+"; "+sc.replies("a")+"; "+sc.replies("b"), "ack 2; ack 2; ")
+		sc.submit("d", 0)
+		sc.expect("b joins d", sc.step(0), "b:d1 d:d1")
+	}
+}
+
 // The decode budget: once the cost model has seen enough forwards, an
 // iteration with decode rows takes as many prefill tokens as the model
 // predicts fit in 1.5x the decode rows' own measured time.
