@@ -45,7 +45,8 @@ import (
 //     comes to that, and 2 x inproc-groups / inproc-1t is the most two
 //     stages can give over one thread at this group size.
 //
-// SHARDD_BENCH_SESSIONS sets the session counts (default 16,32). Each op
+// SHARDD_BENCH_SESSIONS sets the session counts (default 16,32). Each
+// worker target first serves one untimed round. Each op
 // runs every target in turn, starting with a different one each
 // op; reported are the medians of each target's tokens/s and of the
 // per-op ratios (targets: route >= 1.6x unsplit-1t and >= 1.0x
@@ -221,6 +222,14 @@ func routePipeline(b *testing.B, sessions int) {
 			_, took, err := ceilingRun(one, sessions, outLen, 2, prompt, nil)
 			return took, err
 		}},
+	}
+	// Workers that have served before: a fresh one has no cost model, so
+	// its first burst neither gathers groups nor packs prefill beside
+	// decode (PERF.md "Groups that even out"); one untimed round each.
+	for _, t := range targets {
+		if t.rt != nil {
+			generateAll(b, t.rt, sessions, outLen, prompt)
+		}
 	}
 	var otherCPU []float64
 	ratios := map[string][]float64{}
