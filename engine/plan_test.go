@@ -381,10 +381,19 @@ func TestPlanHoldIgnoresPromptOnlySessions(t *testing.T) {
 // On a shard (DecodeGroups 2) a decode iteration takes one group's share
 // of the decoding sessions' steps, the earliest arrivals first, and the
 // rest wait for the next group: groups of 3 and 1 become 2 and 2 in one
-// trip. A worker holding the whole model (DecodeGroups 1) takes them all.
+// trip. A worker holding the whole model (DecodeGroups 1) takes them all,
+// and so does a shard that counts no session as decoding (DecodeQuiet
+// negative forgets them at once).
 func TestPlanDecodeGroupShare(t *testing.T) {
-	for _, groups := range []int{2, 1} {
-		sc := newScript(t, Config{DecodeGroups: groups, DecodeQuiet: time.Second}, nil)
+	for _, c := range []struct {
+		groups int
+		quiet  time.Duration
+	}{{2, time.Second}, {1, time.Second}, {2, -1}} {
+		groups := c.groups
+		if c.quiet < 0 {
+			groups = 1 // every step in one forward, as with one group
+		}
+		sc := newScript(t, Config{DecodeGroups: c.groups, DecodeQuiet: c.quiet}, nil)
 		sc.prefilled(2, "a", "b", "c", "d")
 		sc.submit("d", 0)
 		sc.expect("d alone at first", sc.step(0), "d:d1")
@@ -394,7 +403,7 @@ func TestPlanDecodeGroupShare(t *testing.T) {
 		sc.submit("a", 0)
 		sc.submit("b", 0)
 		if groups == 1 {
-			sc.expect("the whole model", sc.step(0), "a:d1 b:d1 c:d1")
+			sc.expect(fmt.Sprintf("groups %d, quiet %v: every step in one forward", c.groups, c.quiet), sc.step(0), "a:d1 b:d1 c:d1")
 			continue
 		}
 		sc.expect("a group's share", sc.step(0), "a:d1 c:d1")
