@@ -213,6 +213,9 @@ func (d *driver) publish(rows int) {
 	e.statBudgetRuns.Store(s.budgetRuns)
 	e.statBudgetHits.Store(s.budgetHits)
 	e.statDueWaits.Store(s.dueWaits)
+	e.statHolds.Store(s.gather.holds)
+	e.statHoldsExpired.Store(s.gather.expired)
+	e.statHeld.Store(int64(s.gather.held))
 	e.preemptions.Store(s.preemptions)
 	if base, perRow, ok := s.cost.coef(); ok {
 		e.statCostBase.Store(math.Float64bits(base))

@@ -60,7 +60,10 @@ type Engine struct {
 	statCostBase, statCostRow      atomic.Uint64
 	statBudgetRuns, statBudgetHits atomic.Int64
 	statDueWaits                   atomic.Int64 // prefill-only iterations held back for a due decode step
-	statBusy                       atomic.Int64 // nanoseconds in forward calls
+	// Decode iterations that waited for their group: holds ended, of them
+	// expired (the window ran out), and nanoseconds held.
+	statHolds, statHoldsExpired, statHeld atomic.Int64
+	statBusy                              atomic.Int64 // nanoseconds in forward calls
 
 	obs observer
 

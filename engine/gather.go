@@ -32,6 +32,23 @@ type gatherer struct {
 	// due, which a prefill-only iteration must not delay (due).
 	gap    map[string]ewma
 	queued map[string]bool
+	// holds counts the holds that ended, expired those that ended because
+	// their window ran out before the group formed, held their total time.
+	holds, expired int64
+	held           time.Duration
+}
+
+// end closes the current hold, if any, at now.
+func (g *gatherer) end(now time.Time, expired bool) {
+	if g.since.IsZero() {
+		return
+	}
+	g.holds++
+	g.held += now.Sub(g.since)
+	if expired {
+		g.expired++
+	}
+	g.since = time.Time{}
 }
 
 // done records that session id completed a decode step (or its prompt).
@@ -132,13 +149,13 @@ func (g *gatherer) hold(now time.Time, ready, decoding, groups int, window time.
 		need = int(math.Ceil(float64(decoding) / float64(groups)))
 	}
 	if ready == 0 || ready >= need {
-		g.since = time.Time{}
+		g.end(now, false)
 		return 0
 	}
 	if window == 0 {
 		t, ok := predict(need)
 		if !ok {
-			g.since = time.Time{}
+			g.end(now, false)
 			return 0
 		}
 		window = t / 2
@@ -148,7 +165,7 @@ func (g *gatherer) hold(now time.Time, ready, decoding, groups int, window time.
 	}
 	left := g.since.Add(window).Sub(now)
 	if left <= 0 {
-		g.since = time.Time{}
+		g.end(now, true)
 		return 0
 	}
 	return left

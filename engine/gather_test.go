@@ -57,6 +57,11 @@ func TestGatherHolds(t *testing.T) {
 			t.Errorf("step %d (%+v): hold %v, want %v", i, s, got, s.want)
 		}
 	}
+	// Three holds ended: 1-6 ms (the group formed), 20-33 ms and 40-42 ms
+	// (their windows ran out).
+	if g.holds != 3 || g.expired != 2 || g.held != 20*time.Millisecond {
+		t.Errorf("holds %d, expired %d, held %v; want 3, 2, 20ms", g.holds, g.expired, g.held)
+	}
 }
 
 // Sessions stop counting as decoding when released or quiet for longer
