@@ -389,10 +389,6 @@ func TestPlanDecodeGroupShare(t *testing.T) {
 		groups int
 		quiet  time.Duration
 	}{{2, time.Second}, {1, time.Second}, {2, -1}} {
-		groups := c.groups
-		if c.quiet < 0 {
-			groups = 1 // every step in one forward, as with one group
-		}
 		sc := newScript(t, Config{DecodeGroups: c.groups, DecodeQuiet: c.quiet}, nil)
 		sc.prefilled(2, "a", "b", "c", "d")
 		sc.submit("d", 0)
@@ -402,7 +398,7 @@ func TestPlanDecodeGroupShare(t *testing.T) {
 		sc.submit("c", 0)
 		sc.submit("a", 0)
 		sc.submit("b", 0)
-		if groups == 1 {
+		if c.groups == 1 || c.quiet < 0 {
 			sc.expect(fmt.Sprintf("groups %d, quiet %v: every step in one forward", c.groups, c.quiet), sc.step(0), "a:d1 b:d1 c:d1")
 			continue
 		}

@@ -292,9 +292,9 @@ func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
 		// arrivals go first) wait for the next group, so uneven groups
 		// (18 and 14 of 32) even out in one trip instead of the smaller
 		// one holding its window every time round. Only while the
-		// gatherer knows who is decoding: with no session counted (none
-		// has sent a second step yet, or DecodeQuiet forgets them at
-		// once) there are no groups to keep.
+		// gatherer counts some session as decoding: with none counted
+		// (DecodeQuiet negative forgets them at once) there are no
+		// groups to keep.
 		if g := cfg.DecodeGroups; g > 1 && decoding > 0 {
 			if share := (max(decoding, len(decodes)) + g - 1) / g; len(decodes) > share {
 				decodes = decodes[:share]
