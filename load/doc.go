@@ -50,7 +50,8 @@
 // Times are in milliseconds unless the field name says otherwise (_s, _us).
 // Its top level: schema, started, command, workload (mode, concurrency
 // levels or rate, requests, duration_s, warmup, prompt_len, output_len,
-// sampling, seed, rounds, slo), targets (name, workers, ranges, threads,
+// prompts and prompt_tokens_p50 (real prompts, lengths in the model's
+// tokens), sampling, seed, rounds, slo), targets (name, workers, ranges, threads,
 // cpus, links), runs (one Summary per target, level and round, in the
 // order run: see the json tags of Summary, Dist and HopSummary), medians
 // (per target and level over rounds: tokens/s, its spread, the ratio to

@@ -127,7 +127,7 @@ figcaption{font-size:12px;color:#555;max-width:640px}.fail{color:#b00;font-weigh
 <h1>shardd bench</h1>
 <p>{{.R.Started.Format "2006-01-02 15:04:05 MST"}} &middot; <code>{{.R.Command}}</code></p>
 <p>{{.R.Workload.Mode}} loop{{if .R.Workload.Concurrency}}, concurrency {{.R.Workload.Concurrency}}{{end}}{{if .R.Workload.Rate}}, {{.R.Workload.Rate}} requests/s{{end}};
-prompts {{index .R.Workload.PromptLen 0}}-{{index .R.Workload.PromptLen 1}} tokens, outputs {{index .R.Workload.OutputLen 0}}-{{index .R.Workload.OutputLen 1}};
+{{if .R.Workload.Prompts}}{{.R.Workload.Prompts}} real prompts of {{end}}prompts {{index .R.Workload.PromptLen 0}}-{{index .R.Workload.PromptLen 1}} tokens{{if .R.Workload.Prompts}} (median {{.R.Workload.PromptTokensP50}}){{end}}, outputs {{index .R.Workload.OutputLen 0}}-{{index .R.Workload.OutputLen 1}};
 seed {{.R.Workload.Seed}}; {{.R.Workload.Rounds}} round(s){{if .R.Workload.SLO}}; SLO {{.R.Workload.SLO}}{{end}}.</p>
 <h2>Targets</h2>
 <table><tr><th>target</th><th>workers</th><th>ranges</th><th>threads</th><th>CPUs</th><th>links</th></tr>

@@ -48,12 +48,16 @@ type WorkloadInfo struct {
 	PromptLen   [2]int  `json:"prompt_len"`
 	OutputLen   [2]int  `json:"output_len"`
 	LengthPairs int     `json:"length_pairs,omitempty"`
-	Temperature float64 `json:"temperature"`
-	TopK        int     `json:"top_k"`
-	TopP        float64 `json:"top_p"`
-	Seed        uint64  `json:"seed"`
-	Rounds      int     `json:"rounds"`
-	SLO         string  `json:"slo,omitempty"`
+	// Prompts is the number of text prompts (bench --prompts), whose
+	// lengths PromptLen gives in the model's tokens, with their median.
+	Prompts         int     `json:"prompts,omitempty"`
+	PromptTokensP50 int     `json:"prompt_tokens_p50,omitempty"`
+	Temperature     float64 `json:"temperature"`
+	TopK            int     `json:"top_k"`
+	TopP            float64 `json:"top_p"`
+	Seed            uint64  `json:"seed"`
+	Rounds          int     `json:"rounds"`
+	SLO             string  `json:"slo,omitempty"`
 }
 
 // TargetInfo describes a target.

@@ -98,7 +98,12 @@ type Workload struct {
 	Seed uint64
 	// Vocab bounds the random prompt token ids (1..Vocab-1).
 	Vocab int
-	SLO   SLO
+	// Prompts, when set, replaces the random prompts: request i sends
+	// Prompts[i mod len(Prompts)] (token ids the caller tokenized, e.g.
+	// from ReadPromptFile), with an output length drawn from
+	// Lengths.Output; Lengths.Prompt and Pairs are not used.
+	Prompts [][]int32
+	SLO     SLO
 }
 
 // Check reports what makes w unusable.
@@ -115,9 +120,17 @@ func (w Workload) Check() error {
 	case w.Vocab < 2:
 		return fmt.Errorf("%w: vocabulary of %d tokens", ErrInput, w.Vocab)
 	}
-	for _, r := range [][2]int{w.Lengths.Prompt, w.Lengths.Output} {
+	for i, r := range [][2]int{w.Lengths.Prompt, w.Lengths.Output} {
+		if i == 0 && len(w.Prompts) > 0 {
+			continue
+		}
 		if len(w.Lengths.Pairs) == 0 && (r[0] < 1 || r[1] < r[0]) {
 			return fmt.Errorf("%w: lengths %v", ErrInput, r)
+		}
+	}
+	for _, p := range w.Prompts {
+		if len(p) == 0 {
+			return fmt.Errorf("%w: an empty prompt", ErrInput)
 		}
 	}
 	return nil
@@ -129,6 +142,12 @@ func (w Workload) Check() error {
 func (w Workload) request(i int) route.Request {
 	rng := rand.New(rand.NewPCG(w.Seed, uint64(i)))
 	var p, o int
+	if len(w.Prompts) > 0 {
+		o = w.Lengths.Output[0] + rng.IntN(w.Lengths.Output[1]-w.Lengths.Output[0]+1)
+		s := w.Sampling
+		s.Seed += uint64(i)
+		return route.Request{Prompt: w.Prompts[i%len(w.Prompts)], MaxTokens: o, Sampling: s}
+	}
 	if pairs := w.Lengths.Pairs; len(pairs) > 0 {
 		pr := pairs[rng.IntN(len(pairs))]
 		p, o = pr[0], pr[1]
@@ -143,6 +162,26 @@ func (w Workload) request(i int) route.Request {
 	s := w.Sampling
 	s.Seed += uint64(i)
 	return route.Request{Prompt: prompt, MaxTokens: o, Sampling: s}
+}
+
+// PromptLens is the shortest and longest prompt the workload sends, in
+// tokens.
+func (w Workload) PromptLens() [2]int {
+	switch {
+	case len(w.Prompts) > 0:
+		r := [2]int{len(w.Prompts[0]), len(w.Prompts[0])}
+		for _, p := range w.Prompts {
+			r = [2]int{min(r[0], len(p)), max(r[1], len(p))}
+		}
+		return r
+	case len(w.Lengths.Pairs) > 0:
+		r := [2]int{w.Lengths.Pairs[0][0], w.Lengths.Pairs[0][0]}
+		for _, p := range w.Lengths.Pairs {
+			r = [2]int{min(r[0], p[0]), max(r[1], p[0])}
+		}
+		return r
+	}
+	return w.Lengths.Prompt
 }
 
 // arrivals returns the gaps between open-loop arrivals, exponentially

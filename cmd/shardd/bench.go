@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshnet/shardd/backend/llamacpp"
 	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/load"
 	"github.com/meshnet/shardd/relay"
@@ -86,6 +87,8 @@ func runBench(args []string) error {
 	promptLen := fs.String("prompt-len", "128", "prompt tokens: N or MIN-MAX (uniform)")
 	outputLen := fs.String("output-len", "64", "output tokens: N or MIN-MAX (uniform)")
 	lengthFile := fs.String("lengths", "", "file of 'PROMPT OUTPUT' pairs, one a line; requests draw from it")
+	promptFile := fs.String("prompts", "", "JSONL of real prompts ({\"prompt\": TEXT} or {\"messages\": [...]}, e.g. "+load.DefaultPrompts+"), tokenized with the model's tokenizer (chat messages through its chat template); request i sends prompt i mod N, --output-len tokens")
+	tokenizer := fs.String("tokenizer", "", "with --prompts: the GGUF whose tokenizer and chat template to use (default: --model; with --route, the route's first shard or the whole model)")
 	temperature := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
 	topK := fs.Int("top-k", 0, "sampling top-k (0: all)")
 	topP := fs.Float64("top-p", 0, "sampling top-p (0: off)")
@@ -117,7 +120,20 @@ func runBench(args []string) error {
 		w.Requests = 40
 	}
 	var err error
-	if *lengthFile != "" {
+	if *promptFile != "" {
+		if *lengthFile != "" {
+			return fmt.Errorf("give --prompts or --lengths, not both")
+		}
+		if *tokenizer == "" {
+			*tokenizer = *model
+		}
+		if w.Prompts, err = tokenizePromptFile(*promptFile, *tokenizer); err != nil {
+			return err
+		}
+		if w.Lengths.Output, err = load.ParseRange(*outputLen); err != nil {
+			return err
+		}
+	} else if *lengthFile != "" {
 		if w.Lengths.Pairs, err = load.ReadLengthFile(*lengthFile); err != nil {
 			return err
 		}
@@ -308,8 +324,16 @@ func parseSweep(s string, w load.Workload) (string, []float64, error) {
 
 func workloadInfo(w load.Workload, levels []float64, sweepParam string, rounds, warmup int) load.WorkloadInfo {
 	wi := load.WorkloadInfo{Mode: "closed", Rate: w.Rate, Requests: w.Requests, DurationS: w.Duration.Seconds(), Warmup: warmup,
-		PromptLen: w.Lengths.Prompt, OutputLen: w.Lengths.Output, LengthPairs: len(w.Lengths.Pairs),
+		PromptLen: w.PromptLens(), OutputLen: w.Lengths.Output, LengthPairs: len(w.Lengths.Pairs), Prompts: len(w.Prompts),
 		Temperature: w.Sampling.Temperature, TopK: w.Sampling.TopK, TopP: w.Sampling.TopP, Seed: w.Seed, Rounds: rounds, SLO: w.SLO.String()}
+	if len(w.Prompts) > 0 {
+		lens := make([]int, len(w.Prompts))
+		for i, p := range w.Prompts {
+			lens[i] = len(p)
+		}
+		slices.Sort(lens)
+		wi.PromptTokensP50 = lens[len(lens)/2]
+	}
 	if w.Rate > 0 || sweepParam == "rate" {
 		wi.Mode = "open"
 	}
@@ -468,11 +492,46 @@ func sessionArgs(w load.Workload, levels []float64, sweepParam string) []string 
 		inflight = 64
 	}
 	inflight = min(inflight+1, 255)
-	longest := w.Lengths.Prompt[1] + w.Lengths.Output[1]
+	longest := w.PromptLens()[1] + w.Lengths.Output[1]
 	for _, p := range w.Lengths.Pairs {
 		longest = max(longest, p[0]+p[1])
 	}
 	return []string{"--max-sessions", strconv.Itoa(inflight), "--ctx-tokens", strconv.Itoa(inflight*(longest+8) + 256)}
+}
+
+// tokenizePromptFile reads a prompts file and tokenizes each prompt with
+// the tokenizer of the GGUF at tokPath: text as it is, chat messages
+// through the model's chat template.
+func tokenizePromptFile(path, tokPath string) ([][]int32, error) {
+	ps, err := load.ReadPromptFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if tokPath == "" {
+		return nil, fmt.Errorf("--prompts needs the model's tokenizer: give --tokenizer FILE.gguf (the whole model or the route's first shard)")
+	}
+	tok, err := llamacpp.OpenTokenizer(tokPath)
+	if err != nil {
+		return nil, err
+	}
+	defer tok.Close()
+	out := make([][]int32, len(ps))
+	for i, p := range ps {
+		text := p.Text
+		if len(p.Messages) > 0 {
+			msgs := make([]llamacpp.Message, len(p.Messages))
+			for j, m := range p.Messages {
+				msgs[j] = llamacpp.Message{Role: m.Role, Content: m.Content}
+			}
+			if text, _, err = renderMessages(tok, msgs, ""); err != nil {
+				return nil, err
+			}
+		}
+		if out[i], err = tok.Encode(text); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 func perWorkerInts(s string, n int) ([]int, error) {

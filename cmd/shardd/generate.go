@@ -187,20 +187,35 @@ func promptIDs(ids, text string, chat chatSpec, tok *llamacpp.Tokenizer) (out []
 // renderChat renders one user message (after an optional system message)
 // with the chat template, or as a plain transcript when the model has none.
 func renderChat(tok *llamacpp.Tokenizer, chat chatSpec, user string) (string, bool, error) {
-	if chat.template == "" && !tok.HasChatTemplate() {
-		var b strings.Builder
-		if chat.system != "" {
-			b.WriteString(chat.system + "\n\n")
-		}
-		b.WriteString("Q: " + user + "\nA:")
-		return b.String(), true, nil
-	}
 	var msgs []llamacpp.Message
 	if chat.system != "" {
 		msgs = append(msgs, llamacpp.Message{Role: "system", Content: chat.system})
 	}
-	text, err := tok.Chat(append(msgs, llamacpp.Message{Role: "user", Content: user}), chat.template)
-	return text, false, err
+	return renderMessages(tok, append(msgs, llamacpp.Message{Role: "user", Content: user}), chat.template)
+}
+
+// renderMessages renders a chat with template (empty: the model's own)
+// and opens the assistant's turn. A model with no template of its own
+// and none named gets a plain transcript (plain is true): the system
+// message, then "Q: "/"A: " turns, ending in "A:".
+func renderMessages(tok *llamacpp.Tokenizer, msgs []llamacpp.Message, template string) (text string, plain bool, err error) {
+	if template != "" || tok.HasChatTemplate() {
+		text, err = tok.Chat(msgs, template)
+		return text, false, err
+	}
+	var b strings.Builder
+	for _, m := range msgs {
+		switch m.Role {
+		case "system":
+			b.WriteString(m.Content + "\n\n")
+		case "user":
+			b.WriteString("Q: " + m.Content + "\n")
+		default:
+			b.WriteString("A: " + m.Content + "\n")
+		}
+	}
+	b.WriteString("A:")
+	return b.String(), true, nil
 }
 
 // stopper ends a generation at the model's end-of-generation tokens and,
