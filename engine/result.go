@@ -53,6 +53,9 @@ type resultFields struct {
 	dtype  shardv1.DType
 	body   *bufpool.Buffer
 	outPos []int32 // forwarded to the next shard
+	// topK > 0: a compact output; body holds the values ([rows, topK]
+	// f32, named name) and then their token ids ([rows, topK] int32).
+	topK int
 
 	pastLen   uint64
 	cacheHit  bool

@@ -2,7 +2,9 @@ package engine
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/argmax"
 	"github.com/meshnet/shardd/internal/lru"
 	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/kvcache"
@@ -26,6 +29,8 @@ type scheduler struct {
 	cfg  Config
 	info backend.Info
 	pool *bufpool.Pool
+	// topIdx and topHeap are appendTop's scratch (compact output).
+	topIdx, topHeap []int32
 	// timing: completed results carry their completion time (tracing on).
 	timing bool
 
@@ -589,7 +594,12 @@ func (s *scheduler) distribute(out *backend.Output) {
 					nOut++
 				}
 			}
-			buf = dtype.AppendF32Bytes(buf, out.Logits[logitRow*vocab:(logitRow+nOut)*vocab])
+			rows := out.Logits[logitRow*vocab : (logitRow+nOut)*vocab]
+			if w.topK > 0 {
+				buf = s.appendTop(w, buf, rows)
+			} else {
+				buf = dtype.AppendF32Bytes(buf, rows)
+			}
 			logitRow += nOut
 			w.outRows += nOut
 		} else {
@@ -610,8 +620,27 @@ func (s *scheduler) distribute(out *backend.Output) {
 	}
 }
 
+// appendTop appends the compact output of logits rows (vocab wide): each
+// row's K best logits to buf, their ids to w.topIDs (complete puts them
+// after the values).
+func (s *scheduler) appendTop(w *work, buf []byte, rows []float32) []byte {
+	vocab := s.info.Vocab
+	for r := 0; r+vocab <= len(rows); r += vocab {
+		row := rows[r : r+vocab]
+		s.topIdx, s.topHeap = argmax.TopK(s.topIdx, s.topHeap, row, w.topK)
+		for _, id := range s.topIdx {
+			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(row[id]))
+		}
+		w.topIDs = append(w.topIDs, s.topIdx...)
+	}
+	return buf
+}
+
 // outBytes is the size of w's whole output.
 func (s *scheduler) outBytes(w *work) int {
+	if s.info.LogitsOut && w.topK > 0 {
+		return 8 * w.outputRows() * w.topK
+	}
 	if s.info.LogitsOut {
 		return 4 * w.outputRows() * s.info.Vocab
 	}
@@ -632,7 +661,16 @@ func (s *scheduler) complete(w *work) {
 		r.tm.completed = now
 	}
 	w.out = nil
-	if s.info.LogitsOut {
+	if s.info.LogitsOut && w.topK > 0 {
+		// The values, then the ids: sendResult frames them as two tensors.
+		buf := r.body.Bytes()
+		for _, id := range w.topIDs {
+			buf = binary.LittleEndian.AppendUint32(buf, uint32(id))
+		}
+		r.body.SetLen(len(buf))
+		r.name, r.dtype, r.shape = nameTopValues, shardv1.DType_DTYPE_FLOAT32, [2]int64{int64(w.outRows), int64(w.topK)}
+		r.outPos, r.topK = nil, w.topK
+	} else if s.info.LogitsOut {
 		r.name, r.dtype, r.shape = nameLogits, shardv1.DType_DTYPE_FLOAT32, [2]int64{int64(w.outRows), int64(s.info.Vocab)}
 		r.outPos = nil
 	} else {

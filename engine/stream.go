@@ -157,6 +157,7 @@ type outMsgs struct {
 	main      shardv1.NamedTensor
 	positions shardv1.NamedTensor
 	posBytes  []byte
+	topIDs    shardv1.NamedTensor
 	ack       shardv1.Ack
 	cache     shardv1.CacheResult
 	spliced   decode.Spliced
@@ -212,15 +213,22 @@ func (st *stream) sendResult(out *outMsgs, r *result, dup bool) error {
 		out.info.ChunkIndex, out.info.ChunkCount, out.info.FinalChunk = r.chunk.index, r.chunk.count, r.chunk.final
 		env.Chunk = &out.info
 	}
-	var body []byte
+	var body, ids []byte
 	if r.body != nil {
 		body = r.body.Bytes()
 	}
-	owned := e.framer.Frame(&out.main, r.name, r.shape[:], r.dtype, body,
-		frameout.Options{AcceptZstd: st.zstdOut, FragmentBytes: fragmentBytes(st.fc.chunkBytes)})
+	if r.topK > 0 {
+		body, ids = body[:len(body)/2], body[len(body)/2:]
+	}
+	opts := frameout.Options{AcceptZstd: st.zstdOut, FragmentBytes: fragmentBytes(st.fc.chunkBytes)}
+	owned := e.framer.Frame(&out.main, r.name, r.shape[:], r.dtype, body, opts)
 	defer releaseIf(owned)
 	out.bundle.BundleVersion = 1
 	out.bundle.Tensors = append(out.bundle.Tensors[:0], &out.main)
+	if r.topK > 0 {
+		defer releaseIf(e.framer.Frame(&out.topIDs, nameTopIDs, r.shape[:], shardv1.DType_DTYPE_INT32, ids, opts))
+		out.bundle.Tensors = append(out.bundle.Tensors, &out.topIDs)
+	}
 	if len(r.outPos) > 0 {
 		out.posBytes = out.posBytes[:0]
 		for _, p := range r.outPos {

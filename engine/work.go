@@ -21,6 +21,12 @@ const (
 	nameHidden          = "hidden_states"
 	nameLogits          = "logits"
 	nameOutputPositions = "output_positions"
+	// Compact output (see parseTopK): the head asks a last shard for the
+	// best K logits of each output row instead of the whole row.
+	nameLogitsTopK = "logits_top_k"
+	nameTopValues  = "logits_top_values"
+	nameTopIDs     = "logits_top_ids"
+	maxTopK        = 1024
 )
 
 // work is one unit of work: a prefill chunk or a decode step, from receipt to
@@ -56,6 +62,7 @@ type work struct {
 	hiddenB  []byte        // hidden's contiguous bytes
 	hiddenF  bool          // hidden is f32 rather than bf16
 	outPos   []int32       // output_positions (absolute), owned copy; nil: last row only
+	topK     int           // logits_top_k: the compact output's K (0: whole rows)
 
 	// --- scheduler ---
 	admitted bool
@@ -65,6 +72,7 @@ type work struct {
 	done     int // rows run so far
 	out      *bufpool.Buffer
 	outRows  int
+	topIDs   []int32 // compact output: the rows' token ids, appended to out on completion
 	hit      bool
 	queued   time.Time // by the scheduler's clock
 	started  time.Time
@@ -99,7 +107,7 @@ func (w *work) recycle() {
 	if w.out != nil {
 		w.out.Release()
 	}
-	*w = work{idBuf: w.idBuf[:0], hidden: w.hidden, tokenIDs: w.tokenIDs[:0], free: true}
+	*w = work{idBuf: w.idBuf[:0], hidden: w.hidden, tokenIDs: w.tokenIDs[:0], topIDs: w.topIDs[:0], free: true}
 	workPool.Put(w)
 }
 
@@ -218,6 +226,10 @@ func (e *Engine) parseBundle(w *work, b *shardv1.TensorBundle, zstdOK bool) erro
 			if err := e.parsePositions(w, nt, zstdOK); err != nil {
 				return err
 			}
+		case nameLogitsTopK:
+			if err := e.parseTopK(w, nt, zstdOK); err != nil {
+				return err
+			}
 		default:
 			return wireerr.Errorf(ErrUnknownTensor, "%.64q", nt.Name)
 		}
@@ -282,6 +294,35 @@ func (e *Engine) parseInput(w *work, nt *shardv1.NamedTensor, zstdOK bool) error
 		return wireerr.Errorf(ErrTensorShape, "hidden_states must be BFLOAT16 or FLOAT32, not %s", w.hidden.DType)
 	}
 	w.hiddenB = body
+	return nil
+}
+
+// parseTopK reads a head's request for compact output: one INT32, K in
+// 1..maxTopK. A last shard then returns, for each output row, the K best
+// logits (logits_top_values, FLOAT32 [rows, K]) and their token ids
+// (logits_top_ids, INT32 [rows, K]), best first by argmax.Better (a larger
+// logit, ties to the lower id), instead of the whole row: 8K bytes instead
+// of 4 x vocab. Greedy needs K = 1, top-k sampling K = k. The request rides
+// in the unit of work itself, so it needs no session state and crosses a
+// relay like any tensor; only a shard that produces logits takes it.
+func (e *Engine) parseTopK(w *work, nt *shardv1.NamedTensor, zstdOK bool) error {
+	if !e.info.LogitsOut {
+		return wireerr.Errorf(ErrUnknownTensor, "%s: this shard returns hidden states", nameLogitsTopK)
+	}
+	var t stages.Tensor
+	defer t.Reset()
+	if err := e.recv.Tensor(&t, nt, zstdOK); err != nil {
+		return err
+	}
+	body := t.Contiguous(e.pool)
+	if t.DType != shardv1.DType_DTYPE_INT32 || len(body) != 4 {
+		return wireerr.Errorf(ErrTensorShape, "%s must be one INT32", nameLogitsTopK)
+	}
+	k := int32(binary.LittleEndian.Uint32(body))
+	if k < 1 || k > maxTopK {
+		return wireerr.Errorf(ErrTensorShape, "%s %d outside 1..%d", nameLogitsTopK, k, maxTopK)
+	}
+	w.topK = min(int(k), e.info.Vocab)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -50,6 +51,9 @@ type HopStats struct {
 	// Output is the dtype of the hidden states the hop returned (a hop
 	// before the last), e.g. DTYPE_BFLOAT16: where the route rounds.
 	Output shardv1.DType
+	// OutBytes counts the tensor payload bytes the hop returned (as they
+	// crossed the wire: compressed where a hop compressed).
+	OutBytes int64
 }
 
 // Stats describe a finished generation.
@@ -64,8 +68,12 @@ type Stats struct {
 	Recoveries     int // full re-prefills after a CACHE_MISS
 	DuplicateAcks  int
 	RefusedDetails []string
-	// Vocab is the width of the logits the last hop returned.
+	// Vocab is the width of the logits the last hop returned (0 when it
+	// returned only compact output).
 	Vocab int
+	// Compact is the K of the compact output the last hop was asked for
+	// (Options.CompactLogits; 0: whole rows).
+	Compact int
 }
 
 // hopStream is one generation's Session stream to one hop.
@@ -137,6 +145,14 @@ type gen struct {
 	recv    *receive.Pipeline
 	logits  []float32
 	chunk   int
+	// Compact output (Options.CompactLogits): topK is the K asked for
+	// (0: whole rows), sent to the last hop as topKTensor beside its input
+	// (lastIn); topIDs and topVals hold the last row's answer.
+	topK       int
+	topKTensor *shardv1.NamedTensor
+	lastIn     []*shardv1.NamedTensor
+	topIDs     []int32
+	topVals    []float32
 	// promptLen: the prompt's tokens, which a replayed recovery prefills
 	// before it feeds the rest one decode step each.
 	promptLen int
@@ -172,6 +188,9 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 		}
 	}
 	g.chunk = g.chunkSize()
+	if r.opts.CompactLogits && req.Logits == nil {
+		g.askCompact(req.Sampling.Compact())
+	}
 
 	start := time.Now()
 	g.promptLen = len(req.Prompt)
@@ -185,7 +204,7 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 		if req.Logits != nil {
 			req.Logits(n, logits)
 		}
-		tok := sm.next(logits)
+		tok := g.pick(sm, logits)
 		if n == 0 {
 			g.stats.Prefill = time.Since(start)
 			start = time.Now()
@@ -209,6 +228,27 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 	g.stats.Decode = time.Since(start)
 	g.settle()
 	return g.stats, nil
+}
+
+// askCompact makes every unit of work ask the last hop for its best k
+// logits per row (k = 0: whole rows).
+func (g *gen) askCompact(k int) {
+	if k <= 0 {
+		return
+	}
+	g.topK, g.stats.Compact = k, k
+	g.topKTensor = &shardv1.NamedTensor{}
+	g.framer.Frame(g.topKTensor, nameLogitsTopK, []int64{1}, shardv1.DType_DTYPE_INT32,
+		binary.LittleEndian.AppendUint32(nil, uint32(k)), frameout.Options{})
+}
+
+// pick samples the next token from the last step's output: its whole
+// logits row, or the compact output.
+func (g *gen) pick(sm *sampler, logits []float32) int32 {
+	if g.topK > 0 {
+		return sm.nextTop(g.topIDs, g.topVals)
+	}
+	return sm.next(logits)
 }
 
 // chunkSize is the prefill chunk the hops all accept.
@@ -393,6 +433,10 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 			deadline = d
 		}
 		h := g.streams[i].hop
+		if i == len(g.streams)-1 && g.topKTensor != nil {
+			g.lastIn = append(g.lastIn[:0], tensors[0], g.topKTensor)
+			tensors = g.lastIn
+		}
 		var req *shardv1.SessionRequest
 		if mode == shardv1.CacheMode_CACHE_MODE_DECODE && len(tensors) == 1 {
 			req = &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
@@ -422,10 +466,18 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 		if err := g.checkOutput(i, out, len(ids)); err != nil {
 			return nil, err
 		}
+		for _, t := range out {
+			for _, f := range t.Fragments {
+				g.stats.Hops[i].OutBytes += int64(len(f.Payload))
+			}
+		}
 		if i < len(g.streams)-1 {
 			g.stats.Hops[i].Output = out[0].GetDtype()
 		}
 		tensors = out
+	}
+	if g.topK > 0 {
+		return nil, g.decodeTop(tensors)
 	}
 	return g.decodeLogits(tensors[0])
 }
@@ -573,6 +625,9 @@ func (g *gen) checkOutput(i int, ts []*shardv1.NamedTensor, rows int) error {
 	bad := func(format string, args ...any) error {
 		return &ResponseError{Addr: g.streams[i].hop.Addr, Detail: fmt.Sprintf(format, args...)}
 	}
+	if i == len(g.streams)-1 && g.topK > 0 {
+		return g.checkTop(ts, rows, bad)
+	}
 	if len(ts) != 1 || ts[0] == nil {
 		return bad("%d output tensors, want 1", len(ts))
 	}
@@ -597,6 +652,73 @@ func (g *gen) checkOutput(i int, ts []*shardv1.NamedTensor, rows int) error {
 	*width = nt.Shape[1]
 	return nil
 }
+
+// checkTop refuses a last hop's compact output of the wrong form: the two
+// tensors (values FLOAT32, ids INT32) of one shape [rows' <= rows, K' <=
+// the K asked].
+func (g *gen) checkTop(ts []*shardv1.NamedTensor, rows int, bad func(string, ...any) error) error {
+	if len(ts) != 2 || ts[0] == nil || ts[1] == nil {
+		return bad("%d output tensors, want the compact output's 2", len(ts))
+	}
+	v, id := ts[0], ts[1]
+	if v.Name != nameTopValues || v.Dtype != shardv1.DType_DTYPE_FLOAT32 || id.Name != nameTopIDs || id.Dtype != shardv1.DType_DTYPE_INT32 {
+		return bad("the last hop returned %.64q as %s and %.64q as %s, want %s as FLOAT32 and %s as INT32",
+			v.Name, v.Dtype, id.Name, id.Dtype, nameTopValues, nameTopIDs)
+	}
+	if len(v.Shape) != 2 || v.Shape[0] < 1 || v.Shape[0] > int64(rows) || v.Shape[1] < 1 || v.Shape[1] > int64(g.topK) ||
+		!slices.Equal(v.Shape, id.Shape) {
+		return bad("compact output shapes %v and %v for %d input rows and %d asked", v.Shape, id.Shape, rows, g.topK)
+	}
+	return nil
+}
+
+// decodeTop reads the last hop's compact output (already checked by
+// checkTop), each tensor tiled and checked by CRC32C, into g.topIDs and
+// g.topVals: the last row's best tokens, which must be valid ids in the
+// ranking's order (larger logit first, ties to the lower id).
+func (g *gen) decodeTop(ts []*shardv1.NamedTensor) error {
+	addr := g.streams[len(g.streams)-1].hop.Addr
+	var vt, it stages.Tensor
+	defer vt.Reset()
+	defer it.Reset()
+	for _, x := range []struct {
+		t  *stages.Tensor
+		nt *shardv1.NamedTensor
+	}{{&vt, ts[0]}, {&it, ts[1]}} {
+		if err := g.recv.Tensor(x.t, x.nt, true); err != nil {
+			return &ResponseError{Addr: addr, Detail: x.nt.Name + ": " + wireerr.ToShardError(err).Detail}
+		}
+	}
+	rows, k := int(ts[0].Shape[0]), int(ts[0].Shape[1])
+	vb, ib := vt.Contiguous(bufpool.Default), it.Contiguous(bufpool.Default)
+	if len(vb) != 4*rows*k || len(ib) != 4*rows*k {
+		return &ResponseError{Addr: addr, Detail: fmt.Sprintf("compact output of shape %v in %d and %d bytes", ts[0].Shape, len(vb), len(ib))}
+	}
+	g.topVals = dtype.AppendF32FromBytes(g.topVals[:0], vb[len(vb)-4*k:])
+	g.topIDs = g.topIDs[:0]
+	for j := len(ib) - 4*k; j < len(ib); j += 4 {
+		g.topIDs = append(g.topIDs, int32(binary.LittleEndian.Uint32(ib[j:])))
+	}
+	for j, id := range g.topIDs {
+		if id < 0 || id >= maxVocab {
+			return &ResponseError{Addr: addr, Detail: fmt.Sprintf("compact output token id %d", id)}
+		}
+		if j > 0 {
+			a, b := g.topVals[j-1], g.topVals[j]
+			if !(a > b || (a == b && g.topIDs[j-1] < id)) {
+				return &ResponseError{Addr: addr, Detail: fmt.Sprintf("compact output out of order at %d", j)}
+			}
+		}
+	}
+	return nil
+}
+
+// Compact output tensors (see engine.parseTopK).
+const (
+	nameLogitsTopK = "logits_top_k"
+	nameTopValues  = "logits_top_values"
+	nameTopIDs     = "logits_top_ids"
+)
 
 // Bounds on what a worker may claim: no model the head drives is wider.
 const (

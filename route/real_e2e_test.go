@@ -105,3 +105,81 @@ func generateTokens(t *testing.T, addrs []string, prompt []int32, n int) []int32
 	}
 	return got
 }
+
+// TestCompactLogitsRoute: on Gemma 3's 262,144-token vocabulary, a route
+// whose head asks the last hop for compact output (Options.CompactLogits)
+// generates exactly the tokens it generates from whole logits rows, greedy
+// and with top-k 40 / top-p 0.9 at a fixed seed, while the last hop sends
+// 8 x K bytes a step instead of 1 MiB.
+func TestCompactLogitsRoute(t *testing.T) {
+	model, err := verify.RealModel("gemma3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, err := gguf.Read(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranges, err := meta.EvenRanges(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shards, err := gguf.Split(model, ranges, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var addrs []string
+	for _, s := range shards {
+		addrs = append(addrs, serve(t, s, "127.0.0.1:0").addr)
+	}
+	prompt := []int32{2, 818, 5279, 529, 7001, 563} // "<bos>The capital of France is"
+	const n = 24
+	run := func(compact bool, s Sampling) ([]int32, Stats) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		r, err := Dial(ctx, addrs, Options{StepTimeout: 60 * time.Second, CompactLogits: compact})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		var got []int32
+		st, err := r.Generate(ctx, Request{Prompt: prompt, MaxTokens: n, Sampling: s}, func(tok int32) error {
+			got = append(got, tok)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got, st
+	}
+	for _, s := range []Sampling{{}, {Temperature: 0.8, TopK: 40, TopP: 0.9, Seed: 42}} {
+		whole, wst := run(false, s)
+		top, tst := run(true, s)
+		if !slices.Equal(whole, top) {
+			t.Fatalf("%+v: whole rows %v, compact %v", s, whole, top)
+		}
+		last := len(addrs) - 1
+		wb := wst.Hops[last].OutBytes / int64(wst.Hops[last].Calls)
+		tb := tst.Hops[last].OutBytes / int64(tst.Hops[last].Calls)
+		if wst.Compact != 0 || tst.Compact != s.Compact() || wb != 4*262144 || tb > 8*int64(s.Compact()) {
+			t.Fatalf("%+v: compact %d/%d, last hop bytes per step %d (whole rows) and %d (compact)", s, wst.Compact, tst.Compact, wb, tb)
+		}
+		t.Logf("%+v: %d tokens equal; last hop %d bytes a step with whole rows, %d compact", s, n, wb, tb)
+	}
+	// A generation that watches the logits gets whole rows.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := Dial(ctx, addrs, Options{CompactLogits: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	seen := 0
+	if _, err := r.Generate(ctx, Request{Prompt: prompt, MaxTokens: 2, Logits: func(_ int, l []float32) {
+		if len(l) == 262144 {
+			seen++
+		}
+	}}, func(int32) error { return nil }); err != nil || seen != 2 {
+		t.Fatalf("Logits hook with CompactLogits: %d whole rows, %v", seen, err)
+	}
+}

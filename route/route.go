@@ -57,6 +57,15 @@ type Options struct {
 	// --deterministic mode the tokens after a recovery are then those of
 	// an uninterrupted run; it costs a round trip per generated token.
 	ReplayRecovery bool
+	// CompactLogits asks the last hop, in each unit of work, for the best
+	// K logits of a row and their token ids instead of the whole row (the
+	// logits_top_k tensor; engine.parseTopK), where sampling needs no more:
+	// K = 1 for greedy, k for top-k sampling (Sampling.Compact). The tokens
+	// are exactly those of the whole row. A generation that samples over
+	// the whole vocabulary (temperature without top-k) or watches
+	// Request.Logits gets whole rows as before. A worker that predates it
+	// refuses the tensor (PAYLOAD_CORRUPT, unknown tensor).
+	CompactLogits bool
 	// TLS, when set, secures every hop's connection (see
 	// internal/tlsconf); nil is plaintext.
 	TLS *tls.Config

@@ -56,29 +56,8 @@ func (sm *sampler) next(logits []float32) int32 {
 	topP := sm.s.TopP > 0 && sm.s.TopP < 1
 
 	if k := sm.s.TopK; k > 0 && k < len(logits) {
-		sm.topK(logits, k)
-		sm.prob = sm.prob[:0]
-		var sum float64
-		for _, id := range sm.idx {
-			w := weight(id)
-			sm.prob = append(sm.prob, w)
-			sum += w
-		}
-		if topP {
-			var acc float64
-			for j, w := range sm.prob {
-				acc += w / sum
-				if acc >= sm.s.TopP {
-					sm.idx, sm.prob = sm.idx[:j+1], sm.prob[:j+1]
-					break
-				}
-			}
-			sum = 0
-			for _, w := range sm.prob {
-				sum += w
-			}
-		}
-		return sm.draw(sum)
+		sm.idx, sm.heap = argmax.TopK(sm.idx, sm.heap, logits, k)
+		return sm.drawRanked(func(j int) float32 { return logits[sm.idx[j]] }, maxL)
 	}
 
 	// The whole vocabulary: every token's weight and their total, then a
@@ -131,6 +110,61 @@ func (sm *sampler) next(logits []float32) int32 {
 	}
 }
 
+// nextTop returns the chosen token from a last shard's compact output: the
+// ids and logits of its best tokens, best first (argmax.TopK's ranking).
+// Only greedy sampling and top-k sampling with k <= len(ids) need no more
+// of the row (Compact says when), and for those it chooses exactly what
+// next would from the whole row: the same candidates, in the same order,
+// with the same weights and draws.
+func (sm *sampler) nextTop(ids []int32, vals []float32) int32 {
+	if sm.s.Temperature <= 0 || len(ids) == 0 {
+		return ids[0]
+	}
+	sm.idx = append(sm.idx[:0], ids[:min(sm.s.TopK, len(ids))]...)
+	return sm.drawRanked(func(j int) float32 { return vals[j] }, float64(vals[0]))
+}
+
+// Compact reports how many of the row's best logits sampling needs (0:
+// the whole row): 1 for greedy, k for top-k sampling.
+func (s Sampling) Compact() int {
+	switch {
+	case s.Temperature <= 0:
+		return 1
+	case s.TopK > 0:
+		return s.TopK
+	}
+	return 0
+}
+
+// drawRanked draws among the candidates in sm.idx, best first, whose j-th
+// has logit logit(j): top-p, when set, keeps the shortest best-first prefix
+// whose probability reaches it.
+func (sm *sampler) drawRanked(logit func(j int) float32, maxL float64) int32 {
+	t := sm.s.Temperature
+	sm.prob = sm.prob[:0]
+	var sum float64
+	for j := range sm.idx {
+		w := math.Exp((float64(logit(j)) - maxL) / t)
+		sm.prob = append(sm.prob, w)
+		sum += w
+	}
+	if sm.s.TopP > 0 && sm.s.TopP < 1 {
+		var acc float64
+		for j, w := range sm.prob {
+			acc += w / sum
+			if acc >= sm.s.TopP {
+				sm.idx, sm.prob = sm.idx[:j+1], sm.prob[:j+1]
+				break
+			}
+		}
+		sum = 0
+		for _, w := range sm.prob {
+			sum += w
+		}
+	}
+	return sm.draw(sum)
+}
+
 // Tokens are bucketed by the binary exponent of their weight (at most 1, the
 // best token's): bucket b holds weights in (2^-(b+1), 2^-b], the last one
 // everything smaller. A better-ranked token never sits in a later bucket.
@@ -166,7 +200,7 @@ func (sm *sampler) rankBuckets(logits []float32, limit int) {
 		}
 	}
 	slices.SortFunc(sm.idx, func(a, b int32) int {
-		if better(logits, a, b) {
+		if argmax.Better(logits, a, b) {
 			return -1
 		}
 		return 1
@@ -184,64 +218,4 @@ func (sm *sampler) draw(sum float64) int32 {
 		r -= w
 	}
 	return sm.idx[len(sm.idx)-1]
-}
-
-// better ranks token a above b: a larger logit, ties to the lower id.
-func better(logits []float32, a, b int32) bool {
-	return logits[a] > logits[b] || (logits[a] == logits[b] && a < b)
-}
-
-// topK leaves the k best tokens in sm.idx, best first: a heap of the k best
-// so far with the worst on top, then a sort of those k.
-func (sm *sampler) topK(logits []float32, k int) {
-	h := sm.heap[:0]
-	worse := func(a, b int32) bool { return better(logits, b, a) }
-	for i := range logits {
-		id := int32(i)
-		if len(h) < k {
-			h = append(h, id)
-			siftUp(h, len(h)-1, worse)
-		} else if better(logits, id, h[0]) {
-			h[0] = id
-			siftDown(h, 0, worse)
-		}
-	}
-	sm.heap = h
-	sm.idx = append(sm.idx[:0], h...)
-	slices.SortFunc(sm.idx, func(a, b int32) int {
-		if better(logits, a, b) {
-			return -1
-		}
-		return 1
-	})
-}
-
-// siftUp and siftDown keep h a binary heap in which above(parent, child)
-// holds.
-func siftUp(h []int32, i int, above func(a, b int32) bool) {
-	for i > 0 {
-		p := (i - 1) / 2
-		if !above(h[i], h[p]) {
-			return
-		}
-		h[i], h[p] = h[p], h[i]
-		i = p
-	}
-}
-
-func siftDown(h []int32, i int, above func(a, b int32) bool) {
-	for {
-		c := 2*i + 1
-		if c >= len(h) {
-			return
-		}
-		if c+1 < len(h) && above(h[c+1], h[c]) {
-			c++
-		}
-		if !above(h[c], h[i]) {
-			return
-		}
-		h[i], h[c] = h[c], h[i]
-		i = c
-	}
 }

@@ -31,7 +31,7 @@ func referenceNext(s Sampling, rng *rand.Rand, logits []float32) int32 {
 		idx[i] = int32(i)
 	}
 	slices.SortFunc(idx, func(a, b int32) int {
-		if better(logits, a, b) {
+		if argmax.Better(logits, a, b) {
 			return -1
 		}
 		return 1
@@ -176,5 +176,45 @@ func BenchmarkSampler(b *testing.B) {
 				referenceNext(c.s, rng, logits)
 			}
 		})
+	}
+}
+
+// A last shard's compact output (the K best logits, argmax.TopK) gives the
+// sampler exactly the token the whole row gives, for greedy and for top-k
+// (with top-p) sampling with k <= K, draw after draw: same candidates,
+// same order, same weights, same random numbers. Rows have ties and
+// repeated values, where the ranking's tie rule decides.
+func TestCompactSamplingExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 9))
+	for _, s := range []Sampling{
+		{},
+		{Temperature: 0.8, TopK: 40, TopP: 0.9, Seed: 3},
+		{Temperature: 1.3, TopK: 40, Seed: 11},
+		{Temperature: 0.5, TopK: 1, Seed: 5},
+	} {
+		k := s.Compact()
+		if k == 0 {
+			t.Fatalf("%+v: no compact form", s)
+		}
+		whole, top := newSampler(s), newSampler(s)
+		var ids, heap []int32
+		vals := make([]float32, 0, 64)
+		for step := range 300 {
+			row := make([]float32, 5000)
+			for i := range row {
+				row[i] = float32(rng.IntN(400)) / 40 // many ties
+			}
+			ids, heap = argmax.TopK(ids, heap, row, k+step%3) // K may exceed k
+			vals = vals[:0]
+			for _, id := range ids {
+				vals = append(vals, row[id])
+			}
+			if a, b := whole.next(row), top.nextTop(ids, vals); a != b {
+				t.Fatalf("%+v step %d: whole row %d, compact %d", s, step, a, b)
+			}
+		}
+	}
+	if (Sampling{Temperature: 1, TopP: 0.9}).Compact() != 0 {
+		t.Fatal("top-p alone needs the whole row")
 	}
 }

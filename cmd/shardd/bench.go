@@ -104,6 +104,7 @@ func runBench(args []string) error {
 	jsonOut := fs.String("json", "", "write the report as JSON (schema "+load.Schema+")")
 	htmlOut := fs.String("html", "", "write the report as one self-contained HTML page with plots")
 	stepTimeout := fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker")
+	compact := fs.Bool("compact-logits", false, "ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k) instead of the whole vocabulary's; the same tokens")
 	quiet := fs.Bool("quiet", false, "no live progress line")
 	workDir := fs.String("work-dir", "", "where worker logs and spans go (default: a temporary folder, removed afterwards)")
 	if err := fs.Parse(args); err != nil {
@@ -223,7 +224,7 @@ func runBench(args []string) error {
 	rep.Targets[0].Links = links
 
 	rep.Workload = workloadInfo(w, levels, sweepParam, *rounds, *warmup)
-	opts := load.RunOptions{Route: route.Options{StepTimeout: *stepTimeout}}
+	opts := load.RunOptions{Route: route.Options{StepTimeout: *stepTimeout, CompactLogits: *compact}}
 	if *routeFlag != "" {
 		if opts.Route.TLS, err = tlsf.config(splitList(*routeFlag), nil); err != nil {
 			return err

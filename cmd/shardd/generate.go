@@ -38,6 +38,7 @@ func runGenerate(args []string) error {
 	topK := fs.Int("top-k", 0, "keep the K most likely tokens (0: all)")
 	topP := fs.Float64("top-p", 0, "nucleus sampling threshold (0: off)")
 	seed := fs.Uint64("seed", 1, "sampling seed")
+	compact := fs.Bool("compact-logits", false, "ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k), not the whole vocabulary's: the same tokens, 8K bytes a token instead of 4 x vocab")
 	chunk := fs.Int("prefill-chunk", 0, "tokens per prefill chunk (0: what the workers grant, at most 128)")
 	replay := fs.Bool("replay-recovery", false, "rebuild a session a worker lost in the shapes it was built in (prompt chunks, then a decode step per generated token): with --deterministic workers the tokens after a recovery equal an uninterrupted run's")
 	timeout := fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker; a worker that does not answer within it (after --step-timeout x 4 with the retries) fails the generation")
@@ -92,7 +93,7 @@ func runGenerate(args []string) error {
 	if err != nil {
 		return err
 	}
-	r, err := route.Dial(ctx, splitList(*routeFlag), route.Options{StepTimeout: *timeout, PrefillChunk: *chunk, TracerProvider: tel.TracerProvider(), TLS: tlsCfg, ReplayRecovery: *replay})
+	r, err := route.Dial(ctx, splitList(*routeFlag), route.Options{StepTimeout: *timeout, PrefillChunk: *chunk, TracerProvider: tel.TracerProvider(), TLS: tlsCfg, ReplayRecovery: *replay, CompactLogits: *compact})
 	if err != nil {
 		return err
 	}
@@ -254,11 +255,18 @@ func printStats(st route.Stats) {
 	}
 	fmt.Println()
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-22s %6s %12s %12s %12s\n", "hop", "calls", "wall/call", "exec/call", "overhead")
+	fmt.Fprintf(&b, "%-22s %6s %12s %12s %12s %12s\n", "hop", "calls", "wall/call", "exec/call", "overhead", "out B/call")
 	for _, h := range st.Hops {
-		fmt.Fprintf(&b, "%-22s %6d %12s %12s %12s\n", h.Addr, h.Calls, per(h.Wall, h.Calls), per(h.Exec, h.Calls), per(h.Wall-h.Exec, h.Calls))
+		outPer := "-"
+		if h.Calls > 0 {
+			outPer = strconv.FormatInt(h.OutBytes/int64(h.Calls), 10)
+		}
+		fmt.Fprintf(&b, "%-22s %6d %12s %12s %12s %12s\n", h.Addr, h.Calls, per(h.Wall, h.Calls), per(h.Exec, h.Calls), per(h.Wall-h.Exec, h.Calls), outPer)
 	}
 	fmt.Print(b.String())
+	if st.Compact > 0 {
+		fmt.Printf("compact output: the last hop returned the best %d logits of each row\n", st.Compact)
+	}
 	if st.Retries+st.Recoveries+st.DuplicateAcks > 0 {
 		fmt.Printf("retries %d, re-prefills after cache miss %d, duplicate acks %d\n", st.Retries, st.Recoveries, st.DuplicateAcks)
 	}

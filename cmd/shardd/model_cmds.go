@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshnet/shardd/backend/llamacpp"
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/load"
 	"github.com/meshnet/shardd/verify"
 )
 
@@ -280,6 +281,7 @@ func runVerify(args []string) error {
 	shardsFlag := fs.String("shards", "2,3", "comma-separated shard counts")
 	threads := fs.Int("threads", 0, "forward threads (0: all cores)")
 	steps := fs.Int("decode", 16, "decode steps")
+	promptFile := fs.String("prompts", "", "also measure, on this JSONL of real prompts (as bench --prompts, e.g. "+load.DefaultPrompts+"), how many of --decode greedy tokens a bf16 route flips against the unrounded whole model, with their margins")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -310,5 +312,19 @@ func runVerify(args []string) error {
 		}
 	}
 	fmt.Println("verify: every split is bitwise equal to its reference (f32: the whole model; bf16: the whole model rounded to bf16 where the route rounds)")
+	if *promptFile == "" {
+		return nil
+	}
+	prompts, err := tokenizePromptFile(*promptFile, *model)
+	if err != nil {
+		return err
+	}
+	for _, n := range splits {
+		f, err := verify.MeasureFlips(*model, n, prompts, *steps, *threads)
+		if err != nil {
+			return err
+		}
+		fmt.Println("flips:", f)
+	}
 	return nil
 }

@@ -1,5 +1,6 @@
-// Package argmax picks a logits row's greedy token, one way for every
-// consumer: the route's sampler, the split proof and the benchmarks.
+// Package argmax picks a logits row's greedy token and ranks its best
+// candidates, one way for every consumer: the route's sampler, a last
+// shard's compact output, the split proof and the benchmarks.
 package argmax
 
 import "math"

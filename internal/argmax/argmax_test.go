@@ -1,8 +1,10 @@
 package argmax
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -78,4 +80,54 @@ func BenchmarkIndex(b *testing.B) {
 			reference(v)
 		}
 	})
+}
+
+// TopK is the first k of the whole row sorted by Better, with ties.
+func TestTopK(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var ids, heap []int32
+	for range 200 {
+		n := 1 + rng.IntN(300)
+		row := make([]float32, n)
+		for i := range row {
+			row[i] = float32(rng.IntN(20))
+		}
+		all := make([]int32, n)
+		for i := range all {
+			all[i] = int32(i)
+		}
+		slices.SortFunc(all, func(a, b int32) int {
+			if Better(row, a, b) {
+				return -1
+			}
+			return 1
+		})
+		k := 1 + rng.IntN(n+3)
+		ids, heap = TopK(ids, heap, row, k)
+		if !slices.Equal(ids, all[:min(k, n)]) {
+			t.Fatalf("k=%d of %v: %v, want %v", k, row, ids, all[:min(k, n)])
+		}
+		if ids[0] != Index(row) {
+			t.Fatalf("best %d, argmax %d", ids[0], Index(row))
+		}
+	}
+}
+
+// A last shard's compact output over Gemma 3's 262,144-token vocabulary.
+func BenchmarkTopK(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	row := make([]float32, 262144)
+	for i := range row {
+		row[i] = float32(rng.NormFloat64() * 3)
+	}
+	for _, k := range []int{1, 40} {
+		b.Run(fmt.Sprintf("k=%d", k), func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(4 * len(row)))
+			var ids, heap []int32
+			for b.Loop() {
+				ids, heap = TopK(ids, heap, row, k)
+			}
+		})
+	}
 }
