@@ -226,13 +226,13 @@ func (r *Report) WriteText(w io.Writer) {
 	}
 	tw.Flush()
 	r.writeHost(w)
-	fmt.Fprintln(w, "\nper hop, decode steps (exec: the worker's own execution; wire: the head's wait beyond it)")
+	fmt.Fprintln(w, "\nper hop, decode steps (exec: the worker's own execution; wire: the head's wait beyond it; out: payload bytes the hop returned per generated token)")
 	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "run\thop\tworker\tsteps\texec p50\texec p99\twire p50\twire p99\tprefill exec p50\t")
+	fmt.Fprintln(tw, "run\thop\tworker\tsteps\texec p50\texec p99\twire p50\twire p99\tprefill exec p50\tout B/token\t")
 	for _, s := range r.Runs {
 		for _, h := range s.Hops {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", s.Label, h.Hop, h.Worker, h.Exec.Count,
-				msf(h.Exec.P50), msf(h.Exec.P99), msf(h.Wire.P50), msf(h.Wire.P99), msf(h.PrefillExec.P50))
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%.0f\t\n", s.Label, h.Hop, h.Worker, h.Exec.Count,
+				msf(h.Exec.P50), msf(h.Exec.P99), msf(h.Wire.P50), msf(h.Wire.P99), msf(h.PrefillExec.P50), h.OutBytesPerToken)
 		}
 	}
 	tw.Flush()

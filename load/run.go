@@ -38,6 +38,9 @@ type Target struct {
 	// SpanFlush is how long the workers may take to write a span after it
 	// ended (their batch span processor's delay).
 	SpanFlush time.Duration
+	// CompactLogits: the head asks this target's last hop for compact
+	// output (route.Options.CompactLogits), whatever RunOptions say.
+	CompactLogits bool
 }
 
 // RunOptions are a run's settings beyond its workload.
@@ -62,6 +65,7 @@ type recorder struct {
 	hopExec        []hist
 	hopWire        []hist
 	hopPrefillExec []hist
+	hopOutBytes    []int64
 	itlSeries      series
 	requests, good int
 	tokens         int
@@ -86,6 +90,7 @@ func newRecorder(hops int) *recorder {
 		r.hopWire = append(r.hopWire, newHist())
 		r.hopPrefillExec = append(r.hopPrefillExec, newHist())
 	}
+	r.hopOutBytes = make([]int64, hops)
 	return r
 }
 
@@ -121,6 +126,11 @@ func (r *recorder) finish(tr *reqTrace, st route.Stats, err error, slo SLO) {
 	if err != nil {
 		r.errs[errorClass(err)]++
 		return
+	}
+	for i, h := range st.Hops {
+		if i < len(r.hopOutBytes) {
+			r.hopOutBytes[i] += h.OutBytes
+		}
 	}
 	n := len(tr.times)
 	r.tokens += n
@@ -187,6 +197,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	}
 	rec := newRecorder(len(t.Addrs))
 	ro := opts.Route
+	ro.CompactLogits = ro.CompactLogits || t.CompactLogits
 	ro.Observe = rec.observe
 	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	rt, err := route.Dial(dialCtx, t.Addrs, ro)
@@ -447,6 +458,9 @@ func (r *recorder) summary(t Target, w Workload, label string) *Summary {
 	for i := range r.hopExec {
 		h := HopSummary{Hop: i, Exec: r.hopExec[i].dist(false), Wire: r.hopWire[i].dist(false),
 			PrefillExec: r.hopPrefillExec[i].dist(false)}
+		if r.tokens > 0 {
+			h.OutBytesPerToken = float64(r.hopOutBytes[i]) / float64(r.tokens)
+		}
 		if i < len(t.Workers) {
 			h.Worker = t.Workers[i]
 		}

@@ -136,6 +136,10 @@ type HopSummary struct {
 	Wire Dist `json:"wire"`
 	// PrefillExec is the worker's execution of a prefill chunk.
 	PrefillExec Dist `json:"prefill_exec"`
+	// OutBytesPerToken is the tensor payload the hop returned over the
+	// measured requests (prefill and decode), per generated token: a last
+	// hop's logits, or its compact output.
+	OutBytesPerToken float64 `json:"out_bytes_per_token"`
 }
 
 // stagesFromSpans reads the workers' span files and summarises each hop's

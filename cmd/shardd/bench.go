@@ -104,7 +104,7 @@ func runBench(args []string) error {
 	jsonOut := fs.String("json", "", "write the report as JSON (schema "+load.Schema+")")
 	htmlOut := fs.String("html", "", "write the report as one self-contained HTML page with plots")
 	stepTimeout := fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker")
-	compact := fs.Bool("compact-logits", false, "ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k) instead of the whole vocabulary's; the same tokens")
+	compact := fs.String("compact-logits", "off", "on: ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k) instead of the whole vocabulary's, the same tokens; both: also a target 'route+compact' on the route's workers, in interleaved rounds with 'route'")
 	quiet := fs.Bool("quiet", false, "no live progress line")
 	workDir := fs.String("work-dir", "", "where worker logs and spans go (default: a temporary folder, removed afterwards)")
 	if err := fs.Parse(args); err != nil {
@@ -112,6 +112,9 @@ func runBench(args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if !slices.Contains([]string{"off", "on", "both"}, *compact) {
+		return fmt.Errorf("--compact-logits %q: want off, on or both", *compact)
 	}
 
 	// Everything the run needs is checked before a worker starts.
@@ -211,6 +214,13 @@ func runBench(args []string) error {
 		}
 		targets, rep.Targets = spawned, infos
 	}
+	if *compact == "both" {
+		ct, ci := targets[0], rep.Targets[0]
+		ct.Name, ci.Name, ct.CompactLogits = "route+compact", "route+compact", true
+		ct.Addrs = slices.Clone(ct.Addrs)
+		targets = slices.Insert(targets, 1, ct)
+		rep.Targets = slices.Insert(rep.Targets, 1, ci)
+	}
 	hopLinks, err := load.ParseLinks(links, len(targets[0].Addrs))
 	if err != nil {
 		return err
@@ -224,7 +234,7 @@ func runBench(args []string) error {
 	rep.Targets[0].Links = links
 
 	rep.Workload = workloadInfo(w, levels, sweepParam, *rounds, *warmup)
-	opts := load.RunOptions{Route: route.Options{StepTimeout: *stepTimeout, CompactLogits: *compact}}
+	opts := load.RunOptions{Route: route.Options{StepTimeout: *stepTimeout, CompactLogits: *compact == "on"}}
 	if *routeFlag != "" {
 		if opts.Route.TLS, err = tlsf.config(splitList(*routeFlag), nil); err != nil {
 			return err
