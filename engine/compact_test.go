@@ -17,9 +17,12 @@ import (
 )
 
 // topKTensor frames a logits_top_k request for k.
-func (s *session) topKTensor(k int32) *shardv1.NamedTensor {
+func (s *session) topKTensor(k int32) *shardv1.NamedTensor { return s.scalar(nameLogitsTopK, k) }
+
+// scalar frames a tensor holding one INT32.
+func (s *session) scalar(name string, v int32) *shardv1.NamedTensor {
 	nt := &shardv1.NamedTensor{}
-	s.framer.Frame(nt, nameLogitsTopK, []int64{1}, shardv1.DType_DTYPE_INT32, binary.LittleEndian.AppendUint32(nil, uint32(k)), frameout.Options{})
+	s.framer.Frame(nt, name, []int64{1}, shardv1.DType_DTYPE_INT32, binary.LittleEndian.AppendUint32(nil, uint32(v)), frameout.Options{})
 	return nt
 }
 

@@ -208,6 +208,10 @@ func (d *driver) publish(rows int) {
 	}
 	e.statSessions.Store(int32(s.store.Len()))
 	e.statEvictions.Store(int64(s.store.Evictions))
+	e.statAdmitted.Store(int64(s.store.Admitted))
+	e.statRefused.Store(int64(s.store.Refused))
+	e.statSessPreempted.Store(int64(s.store.Preemptions))
+	e.statReprefilled.Store(int64(s.store.Reprefills))
 	e.statPressure.Store(math.Float64bits(s.store.Pressure()))
 	e.statResults.Store(s.results.Cost())
 	e.statBudgetRuns.Store(s.budgetRuns)

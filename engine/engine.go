@@ -55,6 +55,9 @@ type Engine struct {
 	statPressure  atomic.Uint64 // float64 bits
 	preemptions   atomic.Int64  // prefill iterations stopped for a decode step
 	statEvictions atomic.Int64
+	// Sessions admitted, refused (no slot or no KV room), preempted for an
+	// admitted session's step, and prefilled again after a loss.
+	statAdmitted, statRefused, statSessPreempted, statReprefilled atomic.Int64
 	statResults   atomic.Int64 // bytes held by the results cache
 	// The cost model (seconds, float64 bits) and the decode budget's record.
 	statCostBase, statCostRow      atomic.Uint64

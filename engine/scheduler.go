@@ -844,7 +844,7 @@ func (s *scheduler) admit(w *work) admitResult {
 	case shardv1.CacheMode_CACHE_MODE_PREFILL:
 		if w.first == 0 {
 			var err error
-			if sess, err = s.store.Begin(id, w.epoch); err != nil {
+			if sess, err = s.store.Begin(id, w.epoch, w.length); err != nil {
 				return drop(err)
 			}
 			ok = true
@@ -863,7 +863,11 @@ func (s *scheduler) admit(w *work) admitResult {
 	default:
 		return drop(wireerr.Errorf(ErrEnvelope, "cache mode %s", w.mode))
 	}
-	if err := s.store.Reserve(sess, w.tokens); err != nil {
+	// A session's first prompt chunk is part of its admission: it may
+	// refuse, but not preempt others; every later step of an admitted
+	// session may preempt idle ones rather than fail.
+	admitted := w.mode != shardv1.CacheMode_CACHE_MODE_PREFILL || w.first > 0
+	if err := s.store.Reserve(sess, w.tokens, admitted); err != nil {
 		return drop(err)
 	}
 	s.pin(w, sess)

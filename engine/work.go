@@ -27,6 +27,10 @@ const (
 	nameTopValues  = "logits_top_values"
 	nameTopIDs     = "logits_top_ids"
 	maxTopK        = 1024
+	// nameSessionTokens: in a prefill chunk at position 0, the length the
+	// session will reach (its prompt plus the head's maximum new tokens);
+	// the worker reserves that many KV tokens for it (kvcache.Store.Begin).
+	nameSessionTokens = "session_tokens"
 )
 
 // work is one unit of work: a prefill chunk or a decode step, from receipt to
@@ -63,6 +67,7 @@ type work struct {
 	hiddenF  bool          // hidden is f32 rather than bf16
 	outPos   []int32       // output_positions (absolute), owned copy; nil: last row only
 	topK     int           // logits_top_k: the compact output's K (0: whole rows)
+	length   int           // session_tokens: the session's stated length (0: not stated)
 
 	// --- scheduler ---
 	admitted bool
@@ -230,6 +235,12 @@ func (e *Engine) parseBundle(w *work, b *shardv1.TensorBundle, zstdOK bool) erro
 			if err := e.parseTopK(w, nt, zstdOK); err != nil {
 				return err
 			}
+		case nameSessionTokens:
+			v, err := e.parseScalar(nt, zstdOK, 1, 1<<30)
+			if err != nil {
+				return err
+			}
+			w.length = v
 		default:
 			return wireerr.Errorf(ErrUnknownTensor, "%.64q", nt.Name)
 		}
@@ -309,21 +320,30 @@ func (e *Engine) parseTopK(w *work, nt *shardv1.NamedTensor, zstdOK bool) error 
 	if !e.info.LogitsOut {
 		return wireerr.Errorf(ErrUnknownTensor, "%s: this shard returns hidden states", nameLogitsTopK)
 	}
+	k, err := e.parseScalar(nt, zstdOK, 1, maxTopK)
+	if err != nil {
+		return err
+	}
+	w.topK = min(k, e.info.Vocab)
+	return nil
+}
+
+// parseScalar reads a tensor that holds one INT32 in [lo, hi].
+func (e *Engine) parseScalar(nt *shardv1.NamedTensor, zstdOK bool, lo, hi int32) (int, error) {
 	var t stages.Tensor
 	defer t.Reset()
 	if err := e.recv.Tensor(&t, nt, zstdOK); err != nil {
-		return err
+		return 0, err
 	}
 	body := t.Contiguous(e.pool)
 	if t.DType != shardv1.DType_DTYPE_INT32 || len(body) != 4 {
-		return wireerr.Errorf(ErrTensorShape, "%s must be one INT32", nameLogitsTopK)
+		return 0, wireerr.Errorf(ErrTensorShape, "%.64s must be one INT32", nt.Name)
 	}
-	k := int32(binary.LittleEndian.Uint32(body))
-	if k < 1 || k > maxTopK {
-		return wireerr.Errorf(ErrTensorShape, "%s %d outside 1..%d", nameLogitsTopK, k, maxTopK)
+	v := int32(binary.LittleEndian.Uint32(body))
+	if v < lo || v > hi {
+		return 0, wireerr.Errorf(ErrTensorShape, "%.64s %d outside %d..%d", nt.Name, v, lo, hi)
 	}
-	w.topK = min(int(k), e.info.Vocab)
-	return nil
+	return int(v), nil
 }
 
 func (e *Engine) parsePositions(w *work, nt *shardv1.NamedTensor, zstdOK bool) error {

@@ -3,7 +3,18 @@
 //
 // Bounded memory never depends on a release arriving: sessions are evicted
 // least recently used first when a budget (sessions, KV tokens) would be
-// exceeded, and after TTL without use. Eviction frees the backend sequence;
+// exceeded, and after TTL without use.
+//
+// What an admitted session is promised: a session that says at its first
+// prefill how long it will grow (Begin's reserve: the head's prompt plus
+// its maximum new tokens) is admitted only when that many KV tokens are
+// free beside every other session's promise, and then never finds its
+// cells gone while it stays within it. A session without a reservation,
+// or past it, grows while tokens are free and otherwise preempts idle
+// sessions (no work queued or running) least recently used first; their
+// next step is a declared CACHE_MISS and their head re-prefills them. A
+// step fails for lack of KV (ErrKVBudget, retryable) only when no other
+// session is idle. Eviction frees the backend sequence;
 // an evicted session's next DECODE finds no state, which the engine reports
 // as a declared CACHE_MISS (actual_past_len 0), never a silent stateless
 // forward. A session with work queued or running is pinned and never
@@ -30,6 +41,9 @@ var (
 	ErrEpochStale = wireerr.New(shardv1.ErrorCode_ERROR_CODE_EPOCH_STALE, "kvcache: work is for a route epoch this worker has moved past")
 	ErrNoSlot     = wireerr.NewRetryable(shardv1.ErrorCode_ERROR_CODE_RESOURCE_EXHAUSTED, "kvcache: no session slot is free")
 	ErrKVBudget   = wireerr.NewRetryable(shardv1.ErrorCode_ERROR_CODE_RESOURCE_EXHAUSTED, "kvcache: KV token budget exhausted")
+	// ErrTooLong: the session's stated length exceeds the whole budget; no
+	// wait makes it fit.
+	ErrTooLong = wireerr.New(shardv1.ErrorCode_ERROR_CODE_RESOURCE_EXHAUSTED, "kvcache: the session's length exceeds this worker's KV capacity")
 )
 
 // Session is one route session's state for this shard.
@@ -39,6 +53,9 @@ type Session struct {
 	Seq   int // backend sequence id
 	// PastLen is the number of tokens the backend sequence holds.
 	PastLen int
+	// Reserved is the KV tokens promised at admission (0: none asked). The
+	// store counts max(Reserved, PastLen) against its budget.
+	Reserved int
 	// LastStep is the highest idempotency step applied (valid when HasStep).
 	LastStep uint64
 	HasStep  bool
@@ -80,18 +97,35 @@ type Store struct {
 	lru     *lru.Cache[string, *Session]
 	free    []int // free sequence ids
 	tokens  int   // sum of PastLen
-	freeSeq func(seq int)
-	now     func() time.Time
+	// committed is the sum of max(Reserved, PastLen): what the sessions
+	// hold or were promised; at most MaxTokens.
+	committed int
+	freeSeq   func(seq int)
+	now       func() time.Time
 
 	// Evictions counts sessions evicted by budget or TTL.
 	Evictions uint64
+	// Admitted counts sessions begun (new, or restarted from position 0);
+	// Refused those refused a slot or their reservation; Preemptions the
+	// idle sessions dropped so that an admitted session's step could grow;
+	// Reprefills the sessions begun again from position 0 after their
+	// state was lost here (evicted or preempted) or elsewhere on the route
+	// (a restart of a session this store still holds).
+	Admitted, Refused, Preemptions, Reprefills uint64
+	// lost remembers, boundedly, the sessions dropped by eviction or
+	// preemption, so that their return counts as a re-prefill.
+	lost *lru.Cache[string, struct{}]
 }
+
+// lostMemory bounds the sessions remembered as lost.
+const lostMemory = 4096
 
 // New returns a store over sequence ids [0, cfg.MaxSessions). freeSeq drops
 // a sequence's KV state in the backend.
 func New(cfg Config, freeSeq func(seq int), now func() time.Time) *Store {
 	s := &Store{cfg: cfg, freeSeq: freeSeq, now: now}
 	s.lru = lru.New[string, *Session](0, nil)
+	s.lost = lru.New[string, struct{}](lostMemory, nil)
 	for i := cfg.MaxSessions - 1; i >= 0; i-- {
 		s.free = append(s.free, i)
 	}
@@ -118,12 +152,22 @@ func (s *Store) CheckEpoch(id string, epoch uint64) error {
 	return nil
 }
 
-// Begin returns the session for id at epoch, fresh (PastLen 0): an existing
-// session at the same or an older epoch is reset (its KV dropped, a newer
-// epoch superseding the old state); a new one takes a free sequence,
-// evicting idle sessions least recently used first if none is free.
-func (s *Store) Begin(id string, epoch uint64) (*Session, error) {
-	if sess, ok := s.lru.Get(id); ok {
+// Begin returns the session for id at epoch, fresh (PastLen 0), with
+// reserve KV tokens promised to it (0: none): an existing session at the
+// same or an older epoch is reset (its KV dropped, a newer epoch
+// superseding the old state); a new one takes a free sequence. Room for
+// either is made by evicting sessions idle for longer than the grace,
+// least recently used first; when there is none, it is refused
+// (ErrNoSlot, ErrKVBudget: retryable) and nothing changes for a new
+// session, while an existing one has lost its state to the restart.
+func (s *Store) Begin(id string, epoch uint64, reserve int) (*Session, error) {
+	reserve = max(reserve, 0)
+	if reserve > s.cfg.MaxTokens {
+		s.Refused++
+		return nil, ErrTooLong
+	}
+	sess, ok := s.lru.Get(id)
+	if ok {
 		if epoch < sess.Epoch {
 			return nil, ErrEpochStale
 		}
@@ -131,17 +175,35 @@ func (s *Store) Begin(id string, epoch uint64) (*Session, error) {
 			s.NewEpoch(sess, epoch)
 		} else {
 			s.reset(sess)
+			s.Reprefills++
 		}
 		sess.LastUse = s.now()
-		return sess, nil
+	} else {
+		if _, was := s.lost.Peek(id); was {
+			s.lost.Remove(id)
+			s.Reprefills++
+		}
+		if len(s.free) == 0 && !s.evictIdle(nil) {
+			s.Refused++
+			return nil, ErrNoSlot
+		}
+		seq := s.free[len(s.free)-1]
+		s.free = s.free[:len(s.free)-1]
+		sess = &Session{ID: id, Epoch: epoch, Seq: seq, LastUse: s.now()}
+		s.lru.Put(id, sess, 0)
 	}
-	if len(s.free) == 0 && !s.evictIdle(nil) {
-		return nil, ErrNoSlot
+	for s.committed+reserve > s.cfg.MaxTokens {
+		if !s.evictIdle(sess) {
+			s.Refused++
+			if !ok {
+				s.drop(sess) // a newcomer leaves no trace
+			}
+			return nil, ErrKVBudget
+		}
 	}
-	seq := s.free[len(s.free)-1]
-	s.free = s.free[:len(s.free)-1]
-	sess := &Session{ID: id, Epoch: epoch, Seq: seq, LastUse: s.now()}
-	s.lru.Put(id, sess, 0)
+	sess.Reserved = reserve
+	s.committed += reserve
+	s.Admitted++
 	return sess, nil
 }
 
@@ -173,14 +235,22 @@ func (s *Store) evictable(v, keep *Session, cutoff time.Time) bool {
 	return v.Pins == 0 && v != keep && !v.LastUse.After(cutoff)
 }
 
-// Reserve makes room for n more tokens in sess, evicting other idle sessions
-// least recently used first, and counts them as held.
-func (s *Store) Reserve(sess *Session, n int) error {
-	for s.tokens+n > s.cfg.MaxTokens {
-		if !s.evictIdle(sess) {
+// Reserve counts n more tokens as held by sess. Within its reservation
+// they are already counted. Past it, room is made from sessions idle for
+// longer than the grace and, when preempt is set (sess was admitted
+// earlier: a later prefill chunk or a decode step), from any idle session,
+// least recently used first (Preemptions). With no room, ErrKVBudget.
+func (s *Store) Reserve(sess *Session, n int, preempt bool) error {
+	grow := max(sess.PastLen+n, sess.Reserved) - max(sess.PastLen, sess.Reserved)
+	for s.committed+grow > s.cfg.MaxTokens {
+		if s.evictIdle(sess) {
+			continue
+		}
+		if !preempt || !s.preemptIdle(sess) {
 			return ErrKVBudget
 		}
 	}
+	s.committed += grow
 	s.tokens += n
 	sess.PastLen += n
 	return nil
@@ -190,10 +260,15 @@ func (s *Store) Reserve(sess *Session, n int) error {
 // backend rewound it.
 func (s *Store) Truncate(sess *Session, n int) {
 	if n < sess.PastLen {
+		s.committed -= max(sess.PastLen, sess.Reserved) - max(n, sess.Reserved)
 		s.tokens -= sess.PastLen - n
 		sess.PastLen = n
 	}
 }
+
+// Committed is the KV tokens held or promised: sum of max(Reserved,
+// PastLen) over the sessions.
+func (s *Store) Committed() int { return s.committed }
 
 // Release drops id's state. It reports whether there was state to drop;
 // releasing nothing is a success. An older epoch than the session's is
@@ -224,7 +299,7 @@ func (s *Store) Sweep() {
 		return true
 	})
 	for _, v := range expired {
-		s.drop(v)
+		s.lose(v)
 		s.Evictions++
 	}
 }
@@ -233,12 +308,37 @@ func (s *Store) Sweep() {
 func (s *Store) Len() int    { return s.lru.Len() }
 func (s *Store) Tokens() int { return s.tokens }
 
-// Pressure is the fraction of the KV token budget in use.
+// Pressure is the fraction of the KV token budget held or promised.
 func (s *Store) Pressure() float64 {
 	if s.cfg.MaxTokens == 0 {
 		return 0
 	}
-	return float64(s.tokens) / float64(s.cfg.MaxTokens)
+	return float64(s.committed) / float64(s.cfg.MaxTokens)
+}
+
+// preemptIdle drops the least recently used unpinned session other than
+// keep, however recently it was used.
+func (s *Store) preemptIdle(keep *Session) bool {
+	var victim *Session
+	s.lru.All(func(_ string, v *Session) bool {
+		if v.Pins == 0 && v != keep {
+			victim = v
+		}
+		return true
+	})
+	if victim == nil {
+		return false
+	}
+	s.lose(victim)
+	s.Preemptions++
+	return true
+}
+
+// lose drops a session the store takes away (eviction, preemption), and
+// remembers it.
+func (s *Store) lose(sess *Session) {
+	s.lost.Put(sess.ID, struct{}{}, 1)
+	s.drop(sess)
 }
 
 // evictIdle evicts the least recently used unpinned session other than
@@ -256,7 +356,7 @@ func (s *Store) evictIdle(keep *Session) bool {
 	if victim == nil {
 		return false
 	}
-	s.drop(victim)
+	s.lose(victim)
 	s.Evictions++
 	return true
 }
@@ -265,8 +365,9 @@ func (s *Store) reset(sess *Session) {
 	if sess.PastLen > 0 {
 		s.freeSeq(sess.Seq)
 	}
+	s.committed -= max(sess.PastLen, sess.Reserved)
 	s.tokens -= sess.PastLen
-	sess.PastLen = 0
+	sess.PastLen, sess.Reserved = 0, 0
 	sess.PrefillDone = false
 }
 
@@ -275,6 +376,7 @@ func (s *Store) drop(sess *Session) {
 		s.cfg.OnDrop(sess)
 	}
 	s.freeSeq(sess.Seq)
+	s.committed -= max(sess.PastLen, sess.Reserved)
 	s.tokens -= sess.PastLen
 	s.lru.Remove(sess.ID)
 	s.free = append(s.free, sess.Seq)

@@ -21,11 +21,11 @@ func newHarness(cfg Config) *harness {
 
 func (h *harness) begin(t *testing.T, id string, epoch uint64, tokens int) *Session {
 	t.Helper()
-	sess, err := h.s.Begin(id, epoch)
+	sess, err := h.s.Begin(id, epoch, 0)
 	if err != nil {
 		t.Fatalf("begin %s: %v", id, err)
 	}
-	if err := h.s.Reserve(sess, tokens); err != nil {
+	if err := h.s.Reserve(sess, tokens, false); err != nil {
 		t.Fatalf("reserve %s: %v", id, err)
 	}
 	return sess
@@ -53,7 +53,7 @@ func TestEvictionBySessions(t *testing.T) {
 	if h.s.CanAdmit("d") {
 		t.Fatal("admits with every session pinned")
 	}
-	if _, err := h.s.Begin("d", 1); !errors.Is(err, ErrNoSlot) {
+	if _, err := h.s.Begin("d", 1, 0); !errors.Is(err, ErrNoSlot) {
 		t.Fatalf("got %v", err)
 	}
 	c.Pins = 0
@@ -72,7 +72,7 @@ func TestEvictGrace(t *testing.T) {
 	if h.s.CanAdmit("b") {
 		t.Fatal("admits by evicting a session used a second ago")
 	}
-	if _, err := h.s.Begin("b", 1); !errors.Is(err, ErrNoSlot) {
+	if _, err := h.s.Begin("b", 1, 0); !errors.Is(err, ErrNoSlot) {
 		t.Fatalf("begin b within the grace: %v", err)
 	}
 	h.clock = h.clock.Add(time.Second)
@@ -84,17 +84,96 @@ func TestEvictGrace(t *testing.T) {
 		t.Fatalf("a survived, evictions %d", h.s.Evictions)
 	}
 
-	// KV tokens: c cannot grow into b's tokens while b is fresh.
+	// KV tokens: a newcomer's prompt (preempt false) cannot take b's
+	// tokens while b is fresh; once the grace has passed it can.
 	k := newHarness(Config{MaxSessions: 2, MaxTokens: 100, EvictGrace: 2 * time.Second})
 	k.begin(t, "b", 1, 60)
 	c := k.begin(t, "c", 1, 10)
-	if err := k.s.Reserve(c, 50); !errors.Is(err, ErrKVBudget) {
+	if err := k.s.Reserve(c, 50, false); !errors.Is(err, ErrKVBudget) {
 		t.Fatalf("reserve within the grace: %v", err)
 	}
 	k.clock = k.clock.Add(3 * time.Second)
 	k.s.Lookup("c")
-	if err := k.s.Reserve(c, 50); err != nil {
+	if err := k.s.Reserve(c, 50, false); err != nil {
 		t.Fatalf("reserve after the grace: %v", err)
+	}
+}
+
+// Scenario: an admitted session's step (preempt true) takes the tokens of
+// an idle session however fresh, least recently used first, and fails
+// only when every other session is pinned.
+func TestPreemptForAdmittedSteps(t *testing.T) {
+	h := newHarness(Config{MaxSessions: 3, MaxTokens: 100, EvictGrace: time.Hour})
+	a := h.begin(t, "a", 1, 40)
+	h.begin(t, "b", 1, 30)
+	h.clock = h.clock.Add(time.Millisecond)
+	c := h.begin(t, "c", 1, 30)
+	if err := h.s.Reserve(c, 10, true); err != nil {
+		t.Fatalf("c grows: %v", err)
+	}
+	if _, ok := h.s.Peek("a"); ok || h.s.Preemptions != 1 || h.s.Evictions != 0 {
+		t.Fatalf("a (least recently used) kept; preemptions %d evictions %d", h.s.Preemptions, h.s.Evictions)
+	}
+	if h.s.Committed() != 70 || h.s.Tokens() != 70 || a.PastLen != 40 {
+		t.Fatalf("committed %d tokens %d", h.s.Committed(), h.s.Tokens())
+	}
+	b, _ := h.s.Peek("b")
+	b.Pins = 1
+	if err := h.s.Reserve(c, 31, true); !errors.Is(err, ErrKVBudget) {
+		t.Fatalf("growth with every other session pinned: %v", err)
+	}
+	// a's head finds it gone and prefills it again: a re-prefill.
+	if _, err := h.s.Begin("a", 1, 0); err != nil || h.s.Reprefills != 1 {
+		t.Fatalf("a again: %v, re-prefills %d", err, h.s.Reprefills)
+	}
+}
+
+// Scenario: reservations. A session that states its length is admitted
+// only when it fits beside every other promise, and then grows to it
+// without taking anything; a newcomer that does not fit is refused and
+// leaves no trace; a length over the whole budget is refused for good.
+func TestReservations(t *testing.T) {
+	h := newHarness(Config{MaxSessions: 4, MaxTokens: 100, EvictGrace: time.Hour})
+	a, err := h.s.Begin("a", 1, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.s.Reserve(a, 10, false); err != nil || h.s.Committed() != 60 {
+		t.Fatalf("a's prompt: %v, committed %d", err, h.s.Committed())
+	}
+	if _, err := h.s.Begin("b", 1, 50); !errors.Is(err, ErrKVBudget) || h.s.Len() != 1 || h.s.Refused != 1 {
+		t.Fatalf("b over the promises: %v, %d sessions, refused %d", err, h.s.Len(), h.s.Refused)
+	}
+	c, err := h.s.Begin("c", 1, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.s.Reserve(c, 40, false); err != nil {
+		t.Fatalf("c within its promise: %v", err)
+	}
+	for range 50 { // a decodes to its reservation: no one is touched
+		if err := h.s.Reserve(a, 1, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h.s.Len() != 2 || h.s.Preemptions != 0 || h.s.Committed() != 100 || h.s.Tokens() != 100 {
+		t.Fatalf("%d sessions, preemptions %d, committed %d, tokens %d", h.s.Len(), h.s.Preemptions, h.s.Committed(), h.s.Tokens())
+	}
+	if err := h.s.Reserve(a, 1, true); err != nil || h.s.Preemptions != 1 {
+		t.Fatalf("a past its reservation: %v, preemptions %d", err, h.s.Preemptions)
+	}
+	h.s.Truncate(a, 30)
+	if h.s.Committed() != 60 {
+		t.Fatalf("committed %d after a rewind below the reservation", h.s.Committed())
+	}
+	if _, err := h.s.Begin("d", 1, 101); !errors.Is(err, ErrTooLong) {
+		t.Fatalf("longer than the budget: %v", err)
+	}
+	if _, err := h.s.Release("a", 1); err != nil || h.s.Committed() != 0 || h.s.Tokens() != 0 {
+		t.Fatalf("release: %v, committed %d", err, h.s.Committed())
+	}
+	if h.s.Admitted != 2 || h.s.Refused != 2 {
+		t.Fatalf("admitted %d refused %d", h.s.Admitted, h.s.Refused)
 	}
 }
 
@@ -104,13 +183,13 @@ func TestEvictionByTokens(t *testing.T) {
 	h := newHarness(Config{MaxSessions: 4, MaxTokens: 50})
 	h.begin(t, "a", 1, 20)
 	b := h.begin(t, "b", 1, 20)
-	if err := h.s.Reserve(b, 20); err != nil { // a must go
+	if err := h.s.Reserve(b, 20, false); err != nil { // a must go
 		t.Fatal(err)
 	}
 	if _, ok := h.s.Lookup("a"); ok || h.s.Tokens() != 40 {
 		t.Fatalf("a kept, tokens %d", h.s.Tokens())
 	}
-	if err := h.s.Reserve(b, 20); !errors.Is(err, ErrKVBudget) {
+	if err := h.s.Reserve(b, 20, false); !errors.Is(err, ErrKVBudget) {
 		t.Fatalf("over budget with nothing to evict: %v", err)
 	}
 	h.s.Truncate(b, 10)
@@ -124,7 +203,7 @@ func TestEpochs(t *testing.T) {
 	h := newHarness(Config{MaxSessions: 2, MaxTokens: 100})
 	s := h.begin(t, "a", 5, 10)
 	s.LastStep, s.HasStep = 7, true
-	if _, err := h.s.Begin("a", 4); !errors.Is(err, ErrEpochStale) {
+	if _, err := h.s.Begin("a", 4, 0); !errors.Is(err, ErrEpochStale) {
 		t.Fatalf("older epoch: %v", err)
 	}
 	if err := h.s.CheckEpoch("a", 4); !errors.Is(err, ErrEpochStale) {

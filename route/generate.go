@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -58,14 +59,18 @@ type HopStats struct {
 
 // Stats describe a finished generation.
 type Stats struct {
-	SessionID      string
-	PromptTokens   int
-	Tokens         int
-	Prefill        time.Duration // until the first token was sampled
-	Decode         time.Duration // the rest
-	Hops           []HopStats
-	Retries        int // steps resent after a transport error
-	Recoveries     int // full re-prefills after a CACHE_MISS
+	SessionID    string
+	PromptTokens int
+	Tokens       int
+	Prefill      time.Duration // until the first token was sampled
+	Decode       time.Duration // the rest
+	Hops         []HopStats
+	Retries      int // steps resent after a transport error
+	Recoveries   int // full re-prefills after a CACHE_MISS
+	// Busy counts the tries a full worker refused (RESOURCE_EXHAUSTED,
+	// retryable) and the head retried after BusyWait in all.
+	Busy           int
+	BusyWait       time.Duration
 	DuplicateAcks  int
 	RefusedDetails []string
 	// Vocab is the width of the logits the last hop returned (0 when it
@@ -150,9 +155,13 @@ type gen struct {
 	// (lastIn); topIDs and topVals hold the last row's answer.
 	topK       int
 	topKTensor *shardv1.NamedTensor
-	lastIn     []*shardv1.NamedTensor
-	topIDs     []int32
-	topVals    []float32
+	hopIn      []*shardv1.NamedTensor
+	// lenTensor tells every hop, with the prefill chunk at position 0, how
+	// long the session will grow (prompt + MaxTokens): workers reserve the
+	// KV for it at admission (session_tokens).
+	lenTensor *shardv1.NamedTensor
+	topIDs    []int32
+	topVals   []float32
 	// promptLen: the prompt's tokens, which a replayed recovery prefills
 	// before it feeds the rest one decode step each.
 	promptLen int
@@ -183,7 +192,7 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 	g.streams = make([]*hopStream, len(r.Hops))
 	defer g.close()
 	for i := range r.Hops {
-		if err := g.open(i); err != nil {
+		if err := g.openBusy(i); err != nil {
 			return g.stats, err
 		}
 	}
@@ -191,6 +200,7 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 	if r.opts.CompactLogits && req.Logits == nil {
 		g.askCompact(req.Sampling.Compact())
 	}
+	g.lenTensor = g.scalar(nameSessionTokens, min(len(req.Prompt)+max(req.MaxTokens, 1), 1<<30))
 
 	start := time.Now()
 	g.promptLen = len(req.Prompt)
@@ -237,9 +247,14 @@ func (g *gen) askCompact(k int) {
 		return
 	}
 	g.topK, g.stats.Compact = k, k
-	g.topKTensor = &shardv1.NamedTensor{}
-	g.framer.Frame(g.topKTensor, nameLogitsTopK, []int64{1}, shardv1.DType_DTYPE_INT32,
-		binary.LittleEndian.AppendUint32(nil, uint32(k)), frameout.Options{})
+	g.topKTensor = g.scalar(nameLogitsTopK, k)
+}
+
+// scalar frames a tensor that holds one INT32.
+func (g *gen) scalar(name string, v int) *shardv1.NamedTensor {
+	nt := &shardv1.NamedTensor{}
+	g.framer.Frame(nt, name, []int64{1}, shardv1.DType_DTYPE_INT32, binary.LittleEndian.AppendUint32(nil, uint32(v)), frameout.Options{})
+	return nt
 }
 
 // pick samples the next token from the last step's output: its whole
@@ -317,7 +332,7 @@ func (g *gen) open(i int) error {
 	if a == nil {
 		cancel()
 		e := resp.GetStatus().GetError()
-		return &RefusedError{Addr: h.Addr, Code: e.GetCode(), Detail: "session refused: " + e.GetDetail()}
+		return &RefusedError{Addr: h.Addr, Code: e.GetCode(), Detail: "session refused: " + e.GetDetail(), Retryable: e.GetRetryable()}
 	}
 	fc := a.FlowControl
 	g.streams[i] = &hopStream{hop: h, stream: stream, cancel: cancel, limits: fc,
@@ -433,9 +448,15 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 			deadline = d
 		}
 		h := g.streams[i].hop
-		if i == len(g.streams)-1 && g.topKTensor != nil {
-			g.lastIn = append(g.lastIn[:0], tensors[0], g.topKTensor)
-			tensors = g.lastIn
+		if i == len(g.streams)-1 && g.topKTensor != nil || mode == shardv1.CacheMode_CACHE_MODE_PREFILL && first == 0 {
+			g.hopIn = append(g.hopIn[:0], tensors[0])
+			if i == len(g.streams)-1 && g.topKTensor != nil {
+				g.hopIn = append(g.hopIn, g.topKTensor)
+			}
+			if mode == shardv1.CacheMode_CACHE_MODE_PREFILL && first == 0 {
+				g.hopIn = append(g.hopIn, g.lenTensor)
+			}
+			tensors = g.hopIn
 		}
 		var req *shardv1.SessionRequest
 		if mode == shardv1.CacheMode_CACHE_MODE_DECODE && len(tensors) == 1 {
@@ -482,9 +503,70 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 	return g.decodeLogits(tensors[0])
 }
 
-// call sends req to hop i and returns the output tensors, resending the same
-// step on a fresh stream after a transport error.
+// call sends req to hop i and returns the output tensors, riding out a
+// full worker (busy refusals) as Options.BusyTimeout says.
 func (g *gen) call(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTensor, error) {
+	var since time.Time
+	for try := 0; ; try++ {
+		out, err := g.callOnce(i, req)
+		if err == nil || !busy(err) {
+			return out, err
+		}
+		if err := g.rideOut(&since, try, err); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// openBusy opens hop i's stream, riding out a worker with no free session
+// slot as call does.
+func (g *gen) openBusy(i int) error {
+	var since time.Time
+	for try := 0; ; try++ {
+		err := g.open(i)
+		if err == nil || !busy(err) {
+			return err
+		}
+		if err := g.rideOut(&since, try, err); err != nil {
+			return err
+		}
+	}
+}
+
+// rideOut waits before the next try after busy refusal err (the try-th
+// in a row, the first at *since): a backoff of 10 ms doubling to 1 s, with
+// jitter so that many heads refused together do not return together. It
+// returns an error that says so when the generation's deadline (or, with
+// none, Options.BusyTimeout after the first refusal) leaves no time.
+func (g *gen) rideOut(since *time.Time, try int, err error) error {
+	now := time.Now()
+	if since.IsZero() {
+		*since = now
+	}
+	limit := since.Add(g.r.opts.BusyTimeout)
+	if d, ok := g.ctx.Deadline(); ok {
+		limit = d
+	}
+	wait := min(10*time.Millisecond<<min(try, 7), time.Second)
+	wait = wait/2 + time.Duration(rand.Int64N(int64(wait)))
+	if now.Add(wait).After(limit) {
+		return fmt.Errorf("route: the worker stayed full for %v (%d tries), past the generation's deadline: %w", now.Sub(*since).Round(time.Millisecond), try+1, err)
+	}
+	g.stats.Busy++
+	g.stats.BusyWait += wait
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-g.ctx.Done():
+		return g.ctx.Err()
+	}
+}
+
+// callOnce sends req to hop i and returns the output tensors, resending the
+// same step on a fresh stream after a transport error.
+func (g *gen) callOnce(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTensor, error) {
 	hs := &g.stats.Hops[i]
 	var lastErr error
 	for attempt := 0; attempt <= g.r.opts.Retries; attempt++ {
@@ -522,7 +604,8 @@ func (g *gen) call(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTensor, 
 				return nil, errCacheMiss
 			}
 			g.stats.RefusedDetails = append(g.stats.RefusedDetails, st.GetError().GetDetail())
-			return nil, &RefusedError{Addr: g.streams[i].hop.Addr, Code: st.GetError().GetCode(), Detail: st.GetError().GetDetail()}
+			return nil, &RefusedError{Addr: g.streams[i].hop.Addr, Code: st.GetError().GetCode(), Detail: st.GetError().GetDetail(),
+				Retryable: st.GetError().GetRetryable()}
 		}
 		g.countAck(i, ack)
 		if chunk == nil {
@@ -713,11 +796,13 @@ func (g *gen) decodeTop(ts []*shardv1.NamedTensor) error {
 	return nil
 }
 
-// Compact output tensors (see engine.parseTopK).
+// Tensors beside the input (see engine.parseTopK and engine's
+// nameSessionTokens).
 const (
-	nameLogitsTopK = "logits_top_k"
-	nameTopValues  = "logits_top_values"
-	nameTopIDs     = "logits_top_ids"
+	nameSessionTokens = "session_tokens"
+	nameLogitsTopK    = "logits_top_k"
+	nameTopValues     = "logits_top_values"
+	nameTopIDs        = "logits_top_ids"
 )
 
 // Bounds on what a worker may claim: no model the head drives is wider.

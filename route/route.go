@@ -50,6 +50,13 @@ type Options struct {
 	PrefillChunk int
 	// Retries per step per hop after a transport error. Default 3.
 	Retries int
+	// BusyTimeout bounds how long a generation without a deadline of its
+	// own rides out a full worker: a refusal the contract marks retryable
+	// (RESOURCE_EXHAUSTED: no session slot, no KV room) is retried, the
+	// same step or open again, after a backoff with jitter (10 ms doubling
+	// to 1 s), until the generation's deadline or, without one, this long
+	// after the first refusal in a row. Default 5 minutes.
+	BusyTimeout time.Duration
 	// ReplayRecovery rebuilds a session a worker lost (a CACHE_MISS, e.g.
 	// after a restart) in the shapes it was built in: the prompt in its
 	// chunks, then each generated token as a decode step of its own,
@@ -129,6 +136,15 @@ type RefusedError struct {
 	Addr   string
 	Code   shardv1.ErrorCode
 	Detail string
+	// Retryable: the worker said the same work may be retried unchanged.
+	Retryable bool
+}
+
+// busy reports whether err is a full worker's retryable refusal, which
+// the head rides out (Options.BusyTimeout).
+func busy(err error) bool {
+	var re *RefusedError
+	return errors.As(err, &re) && re.Retryable && re.Code == shardv1.ErrorCode_ERROR_CODE_RESOURCE_EXHAUSTED
 }
 
 func (e *RefusedError) Error() string {
@@ -162,6 +178,9 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 	}
 	if opts.Retries == 0 {
 		opts.Retries = 3
+	}
+	if opts.BusyTimeout == 0 {
+		opts.BusyTimeout = 5 * time.Minute
 	}
 	const recvWindow = 16 << 20
 	r := &Route{opts: opts}

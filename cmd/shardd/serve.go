@@ -52,8 +52,8 @@ func runServe(args []string) error {
 	relayAt := fs.String("relay", "", "also serve through the relay at HOST:PORT/NAME (or relay://HOST:PORT/NAME): register there as NAME, dialling out, for heads that cannot reach this worker (README: Relayed hops)")
 	framesListen := fs.String("frames-listen", "", "also serve the frame transport (what a relay carries) directly on this address; heads dial it as frames://ADDR")
 	threads := fs.Int("threads", 0, "forward threads (0: all cores)")
-	sessions := fs.Int("max-sessions", 16, "route sessions holding KV state at once (<= 255)")
-	ctxTokens := fs.Int("ctx-tokens", 0, "KV capacity in tokens shared by all sessions (0: the model's context length)")
+	sessions := fs.Int("max-sessions", 16, "route sessions holding KV state at once (<= 255); more are refused at their first prefill, retryably, and their heads retry")
+	ctxTokens := fs.Int("ctx-tokens", 0, "KV capacity in tokens shared by all sessions (0: the model's context length). A session that states its length (prompt + new tokens: the route client does) reserves it at its first prefill or is refused there, retryably; an admitted session's step takes cells from idle sessions (declared CACHE_MISS) rather than fail")
 	batch := fs.Int("max-batch", 256, "most token rows in one forward call")
 	iterTokens := fs.Int("iteration-tokens", 4, "least token budget of an iteration while sessions are decoding (decode steps first, prefill fills the rest); --decode-budget usually grants more")
 	decodeBudget := fs.Duration("decode-budget", 0, "time an iteration carrying decode steps may take; prefill tokens are added while the measured cost model predicts it holds (0: 1.5x the decode rows' own measured time; negative: --iteration-tokens only)")
@@ -186,6 +186,8 @@ func runServe(args []string) error {
 	log.Info("serving", "listen", lis.Addr().String(), "layers", fmt.Sprintf("%d:%d of %d", meta.Start, meta.End, meta.Total),
 		"tokens_in", info.TokensIn, "logits_out", info.LogitsOut, "threads", info.Threads, "pinned", be.Pinned(), "state", eng.State().String(),
 		"model_digest", eng.Identity().Fingerprint.ModelArtifactDigest, "recipe_digest", eng.Identity().Fingerprint.RuntimeRecipeDigest)
+	log.Info("kv", "tokens", info.CtxTokens, "sessions", *sessions, "tokens_per_session_all_open", info.CtxTokens/max(*sessions, 1),
+		"admission", "a session reserves the length it states at its first prefill, or is refused retryably; steps of admitted sessions preempt idle sessions rather than fail")
 	// A line scripts wait for.
 	fmt.Printf("shardd: listening on %s\n", lis.Addr())
 
