@@ -58,7 +58,7 @@ type Engine struct {
 	// Sessions admitted, refused (no slot or no KV room), preempted for an
 	// admitted session's step, and prefilled again after a loss.
 	statAdmitted, statRefused, statSessPreempted, statReprefilled atomic.Int64
-	statResults   atomic.Int64 // bytes held by the results cache
+	statResults                                                   atomic.Int64 // bytes held by the results cache
 	// The cost model (seconds, float64 bits) and the decode budget's record.
 	statCostBase, statCostRow      atomic.Uint64
 	statBudgetRuns, statBudgetHits atomic.Int64

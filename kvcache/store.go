@@ -93,10 +93,10 @@ type Config struct {
 
 // Store maps route session ids to sessions.
 type Store struct {
-	cfg     Config
-	lru     *lru.Cache[string, *Session]
-	free    []int // free sequence ids
-	tokens  int   // sum of PastLen
+	cfg    Config
+	lru    *lru.Cache[string, *Session]
+	free   []int // free sequence ids
+	tokens int   // sum of PastLen
 	// committed is the sum of max(Reserved, PastLen): what the sessions
 	// hold or were promised; at most MaxTokens.
 	committed int
