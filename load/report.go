@@ -262,8 +262,9 @@ func (r *Report) WriteText(w io.Writer) {
 		for code, n := range s.ErrorsByCode {
 			errs = append(errs, fmt.Sprintf("%s: %s %d", s.Label, code, n))
 		}
-		if s.Retries+s.Recoveries > 0 {
-			errs = append(errs, fmt.Sprintf("%s: %d retries, %d re-prefills after a cache miss", s.Label, s.Retries, s.Recoveries))
+		if s.Retries+s.Recoveries+s.Busy > 0 {
+			errs = append(errs, fmt.Sprintf("%s: %d retries, %d re-prefills after a cache miss, %d refusals of a full worker ridden out (%.1f s waited)",
+				s.Label, s.Retries, s.Recoveries, s.Busy, s.BusyWaitS))
 		}
 	}
 	if len(errs) > 0 {

@@ -71,6 +71,8 @@ type recorder struct {
 	tokens         int
 	errs           map[string]int
 	retries, recov int
+	busy           int
+	busyWait       time.Duration
 	dupAcks        int
 	lastDone       time.Time
 	// cutoff is when the arrivals ended (the duration was up, or the last
@@ -121,6 +123,8 @@ func (r *recorder) finish(tr *reqTrace, st route.Stats, err error, slo SLO) {
 	defer r.mu.Unlock()
 	r.requests++
 	r.retries += st.Retries
+	r.busy += st.Busy
+	r.busyWait += st.BusyWait
 	r.recov += st.Recoveries
 	r.dupAcks += st.DuplicateAcks
 	if err != nil {
@@ -434,7 +438,7 @@ func (r *recorder) summary(t Target, w Workload, label string) *Summary {
 	defer r.mu.Unlock()
 	s := &Summary{Label: label, Target: t.Name, Concurrency: w.Concurrency, Rate: w.Rate,
 		Requests: r.requests, OutputTokens: r.tokens, ErrorsByCode: map[string]int{},
-		Retries: r.retries, Recoveries: r.recov, DuplicateAcks: r.dupAcks,
+		Retries: r.retries, Recoveries: r.recov, DuplicateAcks: r.dupAcks, Busy: r.busy, BusyWaitS: r.busyWait.Seconds(),
 		TTFT: r.ttft.dist(true), ITL: r.itl.dist(true), TPOT: r.tpot.dist(false), E2E: r.e2e.dist(false)}
 	for k, v := range r.errs {
 		s.ErrorsByCode[k] = v

@@ -86,6 +86,10 @@ type Summary struct {
 	Retries       int            `json:"retries"`
 	Recoveries    int            `json:"recoveries"`
 	DuplicateAcks int            `json:"duplicate_acks"`
+	// Busy counts the refusals of a full worker (RESOURCE_EXHAUSTED,
+	// retryable) the heads rode out, BusyWaitS the seconds they waited.
+	Busy      int     `json:"busy_refusals"`
+	BusyWaitS float64 `json:"busy_wait_s"`
 
 	ElapsedSeconds   float64 `json:"elapsed_s"`
 	OutputTokens     int     `json:"output_tokens"`

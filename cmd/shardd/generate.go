@@ -267,7 +267,8 @@ func printStats(st route.Stats) {
 	if st.Compact > 0 {
 		fmt.Printf("compact output: the last hop returned the best %d logits of each row\n", st.Compact)
 	}
-	if st.Retries+st.Recoveries+st.DuplicateAcks > 0 {
-		fmt.Printf("retries %d, re-prefills after cache miss %d, duplicate acks %d\n", st.Retries, st.Recoveries, st.DuplicateAcks)
+	if st.Retries+st.Recoveries+st.DuplicateAcks+st.Busy > 0 {
+		fmt.Printf("retries %d, re-prefills after cache miss %d, duplicate acks %d, refusals of a full worker ridden out %d (waited %s)\n",
+			st.Retries, st.Recoveries, st.DuplicateAcks, st.Busy, st.BusyWait.Round(time.Millisecond))
 	}
 }
