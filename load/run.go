@@ -211,8 +211,10 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	}
 	defer rt.Close()
 	// One token through the route: proves it generates before any load,
-	// and tells the vocabulary the prompts are drawn from.
-	st, err := rt.Generate(ctx, route.Request{Prompt: []int32{1}, MaxTokens: 1}, func(int32) error { return nil })
+	// and tells the vocabulary the prompts are drawn from (a whole logits
+	// row, also on a target that asks for compact output).
+	st, err := rt.Generate(ctx, route.Request{Prompt: []int32{1}, MaxTokens: 1, Logits: func(int, []float32) {}},
+		func(int32) error { return nil })
 	if err != nil {
 		return nil, fmt.Errorf("load: %s: the first generation failed: %w", t.Name, err)
 	}
