@@ -104,7 +104,7 @@ func runBench(args []string) error {
 	jsonOut := fs.String("json", "", "write the report as JSON (schema "+load.Schema+")")
 	htmlOut := fs.String("html", "", "write the report as one self-contained HTML page with plots")
 	stepTimeout := fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker")
-	compact := fs.String("compact-logits", "off", "on: ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k) instead of the whole vocabulary's, the same tokens; both: also a target 'route+compact' on the route's workers, in interleaved rounds with 'route'")
+	compact := fs.String("compact-logits", "off", "on: ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k) instead of the whole vocabulary's, the same tokens; both: also a target 'route+compact' on the route's workers and --link proxies, in interleaved rounds with 'route'")
 	quiet := fs.Bool("quiet", false, "no live progress line")
 	workDir := fs.String("work-dir", "", "where worker logs and spans go (default: a temporary folder, removed afterwards)")
 	if err := fs.Parse(args); err != nil {
@@ -214,13 +214,6 @@ func runBench(args []string) error {
 		}
 		targets, rep.Targets = spawned, infos
 	}
-	if *compact == "both" {
-		ct, ci := targets[0], rep.Targets[0]
-		ct.Name, ci.Name, ct.CompactLogits = "route+compact", "route+compact", true
-		ct.Addrs = slices.Clone(ct.Addrs)
-		targets = slices.Insert(targets, 1, ct)
-		rep.Targets = slices.Insert(rep.Targets, 1, ci)
-	}
 	hopLinks, err := load.ParseLinks(links, len(targets[0].Addrs))
 	if err != nil {
 		return err
@@ -232,6 +225,14 @@ func runBench(args []string) error {
 	defer proxies.Close()
 	targets[0].Addrs = addrs
 	rep.Targets[0].Links = links
+	if *compact == "both" {
+		// The same workers through the same links, asking for compact output.
+		ct, ci := targets[0], rep.Targets[0]
+		ct.Name, ci.Name, ct.CompactLogits = "route+compact", "route+compact", true
+		ct.Addrs = slices.Clone(ct.Addrs)
+		targets = slices.Insert(targets, 1, ct)
+		rep.Targets = slices.Insert(rep.Targets, 1, ci)
+	}
 
 	rep.Workload = workloadInfo(w, levels, sweepParam, *rounds, *warmup)
 	opts := load.RunOptions{Route: route.Options{StepTimeout: *stepTimeout, CompactLogits: *compact == "on"}}
