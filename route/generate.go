@@ -519,18 +519,27 @@ func (g *gen) call(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTensor, 
 }
 
 // openBusy opens hop i's stream, riding out a worker with no free session
-// slot as call does.
+// slot as call does; a draining worker, which refuses new sessions the same
+// way until it exits, is not waited for.
 func (g *gen) openBusy(i int) error {
 	var since time.Time
 	for try := 0; ; try++ {
 		err := g.open(i)
-		if err == nil || !busy(err) {
+		if err == nil || !busy(err) || g.draining(i) {
 			return err
 		}
 		if err := g.rideOut(&since, try, err); err != nil {
 			return err
 		}
 	}
+}
+
+// draining asks hop i whether it is draining (Health), within a second.
+func (g *gen) draining(i int) bool {
+	ctx, cancel := context.WithTimeout(g.ctx, time.Second)
+	defer cancel()
+	h, err := g.r.Hops[i].client.Health(ctx, &shardv1.HealthRequest{SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1})
+	return err == nil && h.GetState() == shardv1.ServingState_SERVING_STATE_DRAINING
 }
 
 // rideOut waits before the next try after busy refusal err (the try-th
