@@ -134,12 +134,17 @@ func (s *scheduler) init(cfg Config, info backend.Info, pool *bufpool.Pool, timi
 		s.clock = time.Now
 	}
 	s.scratch = info.MaxSeqs - 1
+	sessionTokens := 0
+	if cfg.Deterministic && info.MaxSeqs > 0 {
+		sessionTokens = info.CtxTokens / info.MaxSeqs // a KV stream per sequence
+	}
 	s.store = kvcache.New(kvcache.Config{
-		MaxSessions: cfg.MaxSessions,
-		MaxTokens:   info.CtxTokens,
-		TTL:         cfg.SessionTTL,
-		EvictGrace:  max(cfg.EvictGrace, 0),
-		OnDrop:      s.dropResults,
+		MaxSessions:   cfg.MaxSessions,
+		MaxTokens:     info.CtxTokens,
+		SessionTokens: sessionTokens,
+		TTL:           cfg.SessionTTL,
+		EvictGrace:    max(cfg.EvictGrace, 0),
+		OnDrop:        s.dropResults,
 	}, func(seq int) { s.fx.trim(seq, 0) }, s.now)
 	s.results = newResultsCache(cfg.ResultsCacheBytes)
 	s.queues = map[string]*sessQueue{}

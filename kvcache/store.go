@@ -78,7 +78,11 @@ type StepRef struct{ Epoch, Step uint64 }
 type Config struct {
 	MaxSessions int // at most this many sessions hold state (<= sequences available)
 	MaxTokens   int // KV tokens across all sessions
-	TTL         time.Duration
+	// SessionTokens, when positive, caps each session's tokens: a backend
+	// that gives every session a KV stream of its own (the deterministic
+	// mode) holds no more per session, whatever is free elsewhere.
+	SessionTokens int
+	TTL           time.Duration
 	// EvictGrace: a session used within this long is not evicted to make
 	// room for another (the one asking is refused instead, retryably).
 	// Under more sessions than slots, evicting sessions in the middle of a
@@ -162,7 +166,7 @@ func (s *Store) CheckEpoch(id string, epoch uint64) error {
 // session, while an existing one has lost its state to the restart.
 func (s *Store) Begin(id string, epoch uint64, reserve int) (*Session, error) {
 	reserve = max(reserve, 0)
-	if reserve > s.cfg.MaxTokens {
+	if reserve > s.cfg.MaxTokens || s.cfg.SessionTokens > 0 && reserve > s.cfg.SessionTokens {
 		s.Refused++
 		return nil, ErrTooLong
 	}
@@ -235,12 +239,16 @@ func (s *Store) evictable(v, keep *Session, cutoff time.Time) bool {
 	return v.Pins == 0 && v != keep && !v.LastUse.After(cutoff)
 }
 
-// Reserve counts n more tokens as held by sess. Within its reservation
-// they are already counted. Past it, room is made from sessions idle for
+// Reserve counts n more tokens as held by sess. Past SessionTokens it
+// refuses for good (ErrTooLong). Within its reservation they are already
+// counted. Past it, room is made from sessions idle for
 // longer than the grace and, when preempt is set (sess was admitted
 // earlier: a later prefill chunk or a decode step), from any idle session,
 // least recently used first (Preemptions). With no room, ErrKVBudget.
 func (s *Store) Reserve(sess *Session, n int, preempt bool) error {
+	if s.cfg.SessionTokens > 0 && sess.PastLen+n > s.cfg.SessionTokens {
+		return ErrTooLong
+	}
 	grow := max(sess.PastLen+n, sess.Reserved) - max(sess.PastLen, sess.Reserved)
 	for s.committed+grow > s.cfg.MaxTokens {
 		if s.evictIdle(sess) {

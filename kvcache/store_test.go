@@ -252,3 +252,19 @@ func TestTTL(t *testing.T) {
 		t.Fatalf("len %d tokens %d", h.s.Len(), h.s.Tokens())
 	}
 }
+
+// Scenario: with a cap per session (a KV stream each), a length or a
+// growth past it is refused for good, whatever is free elsewhere.
+func TestSessionCap(t *testing.T) {
+	h := newHarness(Config{MaxSessions: 4, MaxTokens: 400, SessionTokens: 100})
+	if _, err := h.s.Begin("a", 1, 101); !errors.Is(err, ErrTooLong) {
+		t.Fatalf("a length past the cap: %v", err)
+	}
+	b := h.begin(t, "b", 1, 90)
+	if err := h.s.Reserve(b, 11, true); !errors.Is(err, ErrTooLong) {
+		t.Fatalf("growth past the cap: %v", err)
+	}
+	if err := h.s.Reserve(b, 10, true); err != nil || b.PastLen != 100 {
+		t.Fatalf("growth to the cap: %v, %d", err, b.PastLen)
+	}
+}
