@@ -327,19 +327,7 @@ func (s *Store) Pressure() float64 {
 // preemptIdle drops the least recently used unpinned session other than
 // keep, however recently it was used.
 func (s *Store) preemptIdle(keep *Session) bool {
-	var victim *Session
-	s.lru.All(func(_ string, v *Session) bool {
-		if v.Pins == 0 && v != keep {
-			victim = v
-		}
-		return true
-	})
-	if victim == nil {
-		return false
-	}
-	s.lose(victim)
-	s.Preemptions++
-	return true
+	return s.loseOldest(keep, time.Time{}, &s.Preemptions)
 }
 
 // lose drops a session the store takes away (eviction, preemption), and
@@ -352,11 +340,16 @@ func (s *Store) lose(sess *Session) {
 // evictIdle evicts the least recently used unpinned session other than
 // keep that has been idle for at least the grace.
 func (s *Store) evictIdle(keep *Session) bool {
+	return s.loseOldest(keep, s.evictCutoff(), &s.Evictions)
+}
+
+// loseOldest drops the least recently used unpinned session other than
+// keep, last used before cutoff (zero: any), and counts it in *n.
+func (s *Store) loseOldest(keep *Session, cutoff time.Time, n *uint64) bool {
 	var victim *Session
-	cutoff := s.evictCutoff()
-	// Walk from the newest; the last idle one seen is the oldest idle one.
+	// Walk from the newest; the last one seen is the oldest.
 	s.lru.All(func(_ string, v *Session) bool {
-		if s.evictable(v, keep, cutoff) {
+		if v.Pins == 0 && v != keep && (cutoff.IsZero() || !v.LastUse.After(cutoff)) {
 			victim = v
 		}
 		return true
@@ -365,7 +358,7 @@ func (s *Store) evictIdle(keep *Session) bool {
 		return false
 	}
 	s.lose(victim)
-	s.Evictions++
+	*n++
 	return true
 }
 

@@ -18,10 +18,7 @@ import (
 // rest retryably, and the heads ride the refusals out.
 func TestFullWorkerRoute(t *testing.T) {
 	model, shards := tinyShards(t, 2)
-	var addrs []string
-	for _, s := range shards {
-		addrs = append(addrs, serve(t, s, "127.0.0.1:0", "--max-sessions", "64", "--ctx-tokens", "512").addr)
-	}
+	addrs := addrsOf(serveAll(t, shards, "--max-sessions", "64", "--ctx-tokens", "512"))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	r, err := Dial(ctx, addrs, Options{StepTimeout: 60 * time.Second})

@@ -1,14 +1,11 @@
 package route
 
 import (
-	"context"
 	"maps"
 	"path/filepath"
 	"slices"
 	"testing"
-	"time"
 
-	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/verify"
 )
 
@@ -26,36 +23,8 @@ func TestArchitectureRoutes(t *testing.T) {
 	for _, name := range slices.Sorted(maps.Keys(models)) {
 		model := models[name]
 		t.Run(name, func(t *testing.T) {
-			meta, err := gguf.Read(model)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ranges, err := meta.EvenRanges(2)
-			if err != nil {
-				t.Fatal(err)
-			}
-			shards, err := gguf.Split(model, ranges, filepath.Join(dir, name), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var addrs []string
-			for _, s := range shards {
-				addrs = append(addrs, serve(t, s, "127.0.0.1:0", "--boundary", "f32").addr)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			r, err := Dial(ctx, addrs, Options{StepTimeout: 30 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer r.Close()
-			var got []int32
-			if _, err := r.Generate(ctx, Request{Prompt: prompt, MaxTokens: n}, func(tok int32) error {
-				got = append(got, tok)
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
+			ranges, shards := splitModel(t, model, 2, filepath.Join(dir, name))
+			got := generateTokens(t, addrsOf(serveAll(t, shards, "--boundary", "f32")), prompt, n)
 			want, err := verify.Greedy(model, prompt, n, 2)
 			if err != nil {
 				t.Fatal(err)

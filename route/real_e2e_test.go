@@ -35,18 +35,7 @@ func TestRealModelRoutes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			meta, err := gguf.Read(model)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ranges, err := meta.EvenRanges(tc.shards)
-			if err != nil {
-				t.Fatal(err)
-			}
-			shards, err := gguf.Split(model, ranges, filepath.Join(t.TempDir(), tc.name), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ranges, shards := splitModel(t, model, tc.shards, filepath.Join(t.TempDir(), tc.name))
 			tok, err := llamacpp.OpenTokenizer(shards[0])
 			if err != nil {
 				t.Fatal(err)
@@ -57,14 +46,8 @@ func TestRealModelRoutes(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, boundary := range []string{"f32", "bf16"} {
-				var addrs []string
-				var procs []*proc
-				for _, s := range shards {
-					p := serve(t, s, "127.0.0.1:0", "--boundary", boundary)
-					procs = append(procs, p)
-					addrs = append(addrs, p.addr)
-				}
-				got := generateTokens(t, addrs, prompt, n)
+				procs := serveAll(t, shards, "--boundary", boundary)
+				got := generateTokens(t, addrsOf(procs), prompt, n)
 				var round []int
 				if boundary == "bf16" {
 					for _, r := range ranges[:len(ranges)-1] {
@@ -84,6 +67,42 @@ func TestRealModelRoutes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// splitModel splits model k ways on its layer pattern into dir.
+func splitModel(t *testing.T, model string, k int, dir string) ([]gguf.Range, []string) {
+	t.Helper()
+	meta, err := gguf.Read(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranges, err := meta.EvenRanges(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shards, err := gguf.Split(model, ranges, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ranges, shards
+}
+
+// serveAll starts a `shardd serve` on each shard, with args.
+func serveAll(t *testing.T, shards []string, args ...string) []*proc {
+	t.Helper()
+	var ps []*proc
+	for _, s := range shards {
+		ps = append(ps, serve(t, s, "127.0.0.1:0", args...))
+	}
+	return ps
+}
+
+func addrsOf(ps []*proc) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.addr)
+	}
+	return out
 }
 
 // generateTokens runs one greedy generation of n tokens through addrs.
@@ -116,22 +135,8 @@ func TestCompactLogitsRoute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	meta, err := gguf.Read(model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ranges, err := meta.EvenRanges(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	shards, err := gguf.Split(model, ranges, t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var addrs []string
-	for _, s := range shards {
-		addrs = append(addrs, serve(t, s, "127.0.0.1:0").addr)
-	}
+	_, shards := splitModel(t, model, 2, t.TempDir())
+	addrs := addrsOf(serveAll(t, shards))
 	prompt := []int32{2, 818, 5279, 529, 7001, 563} // "<bos>The capital of France is"
 	const n = 24
 	run := func(compact bool, s Sampling) ([]int32, Stats) {
