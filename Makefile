@@ -99,7 +99,7 @@ unit: deps models
 ## slow -race workers: "context deadline exceeded").
 FUZZ_TARGETS := ./stages/receive:FuzzReceive ./stages/checksum:FuzzUpdate \
   ./stages/decode:FuzzCodecDecode ./stages/decode:FuzzSplicedEncoder \
-  ./frames:FuzzServer ./engine:FuzzSession:race ./route:FuzzHeadResponse:race
+  ./frames:FuzzServer ./engine:FuzzSession:race ./route:FuzzHeadResponse:race ./route:FuzzHeadCompact:race
 ## Every target runs with -fuzzminimizetime $(FUZZMINIMIZE) (10x): targets
 ## that run a server in the process (FuzzSession, FuzzServer,
 ## FuzzHeadResponse) have coverage that other goroutines make flaky, so

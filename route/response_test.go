@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -132,6 +133,85 @@ func FuzzHeadResponse(f *testing.F) {
 		if g.checkOutput(1, ts, n) == nil {
 			if l, err := g.decodeLogits(nt); err == nil && len(l) != int(nt.Shape[1]) {
 				t.Fatalf("%d logits for shape %v", len(l), nt.Shape)
+			}
+		}
+	})
+}
+
+// compactOf frames a last hop's compact output of one row.
+func compactOf(f *frameout.Framer, vals []float32, ids []int32) []*shardv1.NamedTensor {
+	ib := make([]byte, 0, 4*len(ids))
+	for _, id := range ids {
+		ib = append(ib, byte(id), byte(id>>8), byte(id>>16), byte(id>>24))
+	}
+	shape := []int64{1, int64(len(ids))}
+	return []*shardv1.NamedTensor{
+		frame(f, nameTopValues, shape, shardv1.DType_DTYPE_FLOAT32, dtype.AppendF32Bytes(nil, vals)),
+		frame(f, nameTopIDs, slices.Clone(shape), shardv1.DType_DTYPE_INT32, ib),
+	}
+}
+
+// TestHeadRefusesBadCompactOutput: compact output the head cannot trust
+// (out of order, an id outside any vocabulary, more than asked, a missing
+// tensor, a bad checksum) is a ResponseError; a good one is read.
+func TestHeadRefusesBadCompactOutput(t *testing.T) {
+	fr := frameout.New(bufpool.Default)
+	defer fr.Close()
+	g := &gen{recv: receive.New(receive.Config{Budget: reassemble.Budget{MaxTensorBytes: 1 << 20}, Checksum: checksum.Policy{Require: true}}, bufpool.Default), topK: 3}
+	defer g.recv.Close()
+	g.streams = []*hopStream{{hop: &Hop{Addr: "a"}}}
+	read := func(ts []*shardv1.NamedTensor) error {
+		if err := g.checkOutput(0, ts, 1); err != nil {
+			return err
+		}
+		return g.decodeTop(ts)
+	}
+	if err := read(compactOf(fr, []float32{3, 2, 2}, []int32{7, 1, 4})); err != nil || !slices.Equal(g.topIDs, []int32{7, 1, 4}) {
+		t.Fatalf("good compact output: %v, ids %v", err, g.topIDs)
+	}
+	badCRC := compactOf(fr, []float32{3, 2}, []int32{7, 1})
+	badCRC[1].Checksum.Value[0] ^= 1
+	for name, ts := range map[string][]*shardv1.NamedTensor{
+		"out of order":   compactOf(fr, []float32{2, 3}, []int32{7, 1}),
+		"tie, ids down":  compactOf(fr, []float32{2, 2}, []int32{7, 1}),
+		"negative id":    compactOf(fr, []float32{3, 2}, []int32{7, -1}),
+		"id past limits": compactOf(fr, []float32{3, 2}, []int32{7, maxVocab}),
+		"more than K":    compactOf(fr, []float32{4, 3, 2, 1}, []int32{1, 2, 3, 4}),
+		"one tensor":     compactOf(fr, []float32{3}, []int32{7})[:1],
+		"bad checksum":   badCRC,
+	} {
+		var re *ResponseError
+		if err := read(ts); !errors.As(err, &re) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// FuzzHeadCompact: any bundle as a last hop's compact output is read or
+// refused, never a panic, and what is read is K valid ids in order.
+func FuzzHeadCompact(f *testing.F) {
+	fr := frameout.New(bufpool.Default)
+	defer fr.Close()
+	seed, _ := proto.Marshal(&shardv1.TensorBundle{Tensors: compactOf(fr, []float32{3, 2, 2}, []int32{7, 1, 4})})
+	f.Add(seed, uint8(3))
+	f.Fuzz(func(t *testing.T, b []byte, k uint8) {
+		bundle := &shardv1.TensorBundle{}
+		if proto.Unmarshal(b, bundle) != nil {
+			return
+		}
+		g := &gen{recv: receive.New(receive.Config{Budget: reassemble.Budget{MaxTensorBytes: 1 << 20}, Checksum: checksum.Policy{Require: true}}, bufpool.Default),
+			topK: int(k%16) + 1}
+		defer g.recv.Close()
+		g.streams = []*hopStream{{hop: &Hop{Addr: "a"}}}
+		if g.checkOutput(0, bundle.Tensors, 2) != nil || g.decodeTop(bundle.Tensors) != nil {
+			return
+		}
+		if len(g.topIDs) != len(g.topVals) || len(g.topIDs) < 1 || len(g.topIDs) > g.topK {
+			t.Fatalf("%d ids and %d values for K %d", len(g.topIDs), len(g.topVals), g.topK)
+		}
+		for _, id := range g.topIDs {
+			if id < 0 || id >= maxVocab {
+				t.Fatalf("id %d", id)
 			}
 		}
 	})
