@@ -171,22 +171,19 @@ func (s *Store) Begin(id string, epoch uint64, reserve int) (*Session, error) {
 		return nil, ErrTooLong
 	}
 	sess, ok := s.lru.Get(id)
+	again := ok // a restart from position 0, or the return of a lost session
 	if ok {
 		if epoch < sess.Epoch {
 			return nil, ErrEpochStale
 		}
 		if epoch > sess.Epoch {
 			s.NewEpoch(sess, epoch)
+			again = false
 		} else {
 			s.reset(sess)
-			s.Reprefills++
 		}
 		sess.LastUse = s.now()
 	} else {
-		if _, was := s.lost.Peek(id); was {
-			s.lost.Remove(id)
-			s.Reprefills++
-		}
 		if len(s.free) == 0 && !s.evictIdle(nil) {
 			s.Refused++
 			return nil, ErrNoSlot
@@ -195,15 +192,22 @@ func (s *Store) Begin(id string, epoch uint64, reserve int) (*Session, error) {
 		s.free = s.free[:len(s.free)-1]
 		sess = &Session{ID: id, Epoch: epoch, Seq: seq, LastUse: s.now()}
 		s.lru.Put(id, sess, 0)
+		_, again = s.lost.Remove(id)
 	}
 	for s.committed+reserve > s.cfg.MaxTokens {
 		if !s.evictIdle(sess) {
 			s.Refused++
 			if !ok {
 				s.drop(sess) // a newcomer leaves no trace
+				if again {
+					s.lost.Put(id, struct{}{}, 1)
+				}
 			}
 			return nil, ErrKVBudget
 		}
+	}
+	if again {
+		s.Reprefills++
 	}
 	sess.Reserved = reserve
 	s.committed += reserve
@@ -235,8 +239,10 @@ func (s *Store) CanAdmit(id string) bool {
 // evictCutoff is the last use before which an idle session may be evicted.
 func (s *Store) evictCutoff() time.Time { return s.now().Add(-s.cfg.EvictGrace) }
 
+// evictable: v is unpinned, not keep, and last used before cutoff (zero:
+// any time).
 func (s *Store) evictable(v, keep *Session, cutoff time.Time) bool {
-	return v.Pins == 0 && v != keep && !v.LastUse.After(cutoff)
+	return v.Pins == 0 && v != keep && (cutoff.IsZero() || !v.LastUse.After(cutoff))
 }
 
 // Reserve counts n more tokens as held by sess. Past SessionTokens it
@@ -349,7 +355,7 @@ func (s *Store) loseOldest(keep *Session, cutoff time.Time, n *uint64) bool {
 	var victim *Session
 	// Walk from the newest; the last one seen is the oldest.
 	s.lru.All(func(_ string, v *Session) bool {
-		if v.Pins == 0 && v != keep && (cutoff.IsZero() || !v.LastUse.After(cutoff)) {
+		if s.evictable(v, keep, cutoff) {
 			victim = v
 		}
 		return true

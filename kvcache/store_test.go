@@ -122,7 +122,11 @@ func TestPreemptForAdmittedSteps(t *testing.T) {
 	if err := h.s.Reserve(c, 31, true); !errors.Is(err, ErrKVBudget) {
 		t.Fatalf("growth with every other session pinned: %v", err)
 	}
-	// a's head finds it gone and prefills it again: a re-prefill.
+	// a's head finds it gone and prefills it again: a re-prefill, counted
+	// once it is admitted.
+	if _, err := h.s.Begin("a", 1, 40); !errors.Is(err, ErrKVBudget) || h.s.Reprefills != 0 {
+		t.Fatalf("a again, beyond the budget: %v, re-prefills %d", err, h.s.Reprefills)
+	}
 	if _, err := h.s.Begin("a", 1, 0); err != nil || h.s.Reprefills != 1 {
 		t.Fatalf("a again: %v, re-prefills %d", err, h.s.Reprefills)
 	}

@@ -152,7 +152,7 @@ type gen struct {
 	chunk   int
 	// Compact output (Options.CompactLogits): topK is the K asked for
 	// (0: whole rows), sent to the last hop as topKTensor beside its input
-	// (lastIn); topIDs and topVals hold the last row's answer.
+	// (hopIn); topIDs and topVals hold the last row's answer.
 	topK       int
 	topKTensor *shardv1.NamedTensor
 	hopIn      []*shardv1.NamedTensor
@@ -258,9 +258,12 @@ func (g *gen) scalar(name string, v int) *shardv1.NamedTensor {
 }
 
 // pick samples the next token from the last step's output: its whole
-// logits row, or the compact output.
+// logits row, or the compact output. A compact output with fewer than K
+// entries is the whole row (the worker holds K to its vocabulary), and
+// decodeTop has made it one: the sampler then treats it as it treats any
+// whole row.
 func (g *gen) pick(sm *sampler, logits []float32) int32 {
-	if g.topK > 0 {
+	if g.topK > 0 && len(g.topIDs) == g.topK {
 		return sm.nextTop(g.topIDs, g.topVals)
 	}
 	return sm.next(logits)
@@ -442,19 +445,23 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 	g.framer.Frame(tensor, "input_ids", []int64{int64(len(ids))}, shardv1.DType_DTYPE_INT32, body, frameout.Options{})
 	tensors := []*shardv1.NamedTensor{tensor}
 	workID := fmt.Sprintf("%s/%d", g.id, g.step)
+	opening := mode == shardv1.CacheMode_CACHE_MODE_PREFILL && first == 0
 	for i := range g.streams {
 		deadline := time.Now().Add(g.r.opts.StepTimeout)
 		if d, ok := g.ctx.Deadline(); ok && d.Before(deadline) {
 			deadline = d
 		}
 		h := g.streams[i].hop
-		if i == len(g.streams)-1 && g.topKTensor != nil || mode == shardv1.CacheMode_CACHE_MODE_PREFILL && first == 0 {
+		// Beside the input: the session's length on its first prefill chunk,
+		// the compact output's K to the last hop.
+		askK := i == len(g.streams)-1 && g.topKTensor != nil
+		if opening || askK {
 			g.hopIn = append(g.hopIn[:0], tensors[0])
-			if i == len(g.streams)-1 && g.topKTensor != nil {
-				g.hopIn = append(g.hopIn, g.topKTensor)
-			}
-			if mode == shardv1.CacheMode_CACHE_MODE_PREFILL && first == 0 {
+			if opening {
 				g.hopIn = append(g.hopIn, g.lenTensor)
+			}
+			if askK {
+				g.hopIn = append(g.hopIn, g.topKTensor)
 			}
 			tensors = g.hopIn
 		}
@@ -498,7 +505,10 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 		tensors = out
 	}
 	if g.topK > 0 {
-		return nil, g.decodeTop(tensors)
+		if err := g.decodeTop(tensors); err != nil {
+			return nil, err
+		}
+		return g.logits, nil // the whole row, when the compact output was one
 	}
 	return g.decodeLogits(tensors[0])
 }
@@ -770,6 +780,7 @@ func (g *gen) checkTop(ts []*shardv1.NamedTensor, rows int, bad func(string, ...
 // ranking's order (larger logit first, ties to the lower id).
 func (g *gen) decodeTop(ts []*shardv1.NamedTensor) error {
 	addr := g.streams[len(g.streams)-1].hop.Addr
+	g.logits = g.logits[:0]
 	var vt, it stages.Tensor
 	defer vt.Reset()
 	defer it.Reset()
@@ -802,6 +813,26 @@ func (g *gen) decodeTop(ts []*shardv1.NamedTensor) error {
 			}
 		}
 	}
+	if k < g.topK {
+		return g.wholeRow(addr)
+	}
+	return nil
+}
+
+// wholeRow rebuilds, from a compact output of fewer than K entries, the
+// whole logits row it is: every id of the vocabulary exactly once.
+func (g *gen) wholeRow(addr string) error {
+	k := len(g.topIDs)
+	g.logits = slices.Grow(g.logits[:0], k)[:k]
+	seen := make([]bool, k)
+	for j, id := range g.topIDs {
+		if int(id) >= k || seen[id] {
+			return &ResponseError{Addr: addr, Detail: fmt.Sprintf("compact output of %d of %d asked is not a whole vocabulary", k, g.topK)}
+		}
+		seen[id] = true
+		g.logits[id] = g.topVals[j]
+	}
+	g.stats.Vocab = k
 	return nil
 }
 

@@ -188,3 +188,35 @@ func TestCompactLogitsRoute(t *testing.T) {
 		t.Fatalf("Logits hook with CompactLogits: %d whole rows, %v", seen, err)
 	}
 }
+
+// TestCompactLogitsWholeVocabulary: top-k sampling with k past the
+// vocabulary (the tiny preset's 512) asks for more than the last hop has;
+// it answers with its whole vocabulary, which the head rebuilds into the
+// whole row and samples as one: the same tokens as without compact output.
+// (Sampling the 512 entries as a top-k list instead would differ only where
+// summing the weights in another order moves a draw by an ulp, which these
+// 24 tokens do not show; the rebuilt row is what makes it exact.)
+func TestCompactLogitsWholeVocabulary(t *testing.T) {
+	_, shards := tinyShards(t, 2)
+	addrs := addrsOf(serveAll(t, shards))
+	s := Sampling{Temperature: 0.9, TopK: 1000, TopP: 0.95, Seed: 5}
+	var runs [2][]int32
+	for i, compact := range []bool{false, true} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		r, err := Dial(ctx, addrs, Options{CompactLogits: compact})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Generate(ctx, Request{Prompt: []int32{1, 17, 42}, MaxTokens: 24, Sampling: s}, func(tok int32) error {
+			runs[i] = append(runs[i], tok)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+		cancel()
+	}
+	if !slices.Equal(runs[0], runs[1]) {
+		t.Fatalf("whole rows %v, compact %v", runs[0], runs[1])
+	}
+}

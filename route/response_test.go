@@ -169,6 +169,10 @@ func TestHeadRefusesBadCompactOutput(t *testing.T) {
 	if err := read(compactOf(fr, []float32{3, 2, 2}, []int32{7, 1, 4})); err != nil || !slices.Equal(g.topIDs, []int32{7, 1, 4}) {
 		t.Fatalf("good compact output: %v, ids %v", err, g.topIDs)
 	}
+	// Fewer than K: the worker's whole vocabulary, read as a whole row.
+	if err := read(compactOf(fr, []float32{3, 2}, []int32{1, 0})); err != nil || !slices.Equal(g.logits, []float32{2, 3}) {
+		t.Fatalf("a whole vocabulary of 2: %v, row %v", err, g.logits)
+	}
 	badCRC := compactOf(fr, []float32{3, 2}, []int32{7, 1})
 	badCRC[1].Checksum.Value[0] ^= 1
 	for name, ts := range map[string][]*shardv1.NamedTensor{
@@ -179,6 +183,8 @@ func TestHeadRefusesBadCompactOutput(t *testing.T) {
 		"more than K":    compactOf(fr, []float32{4, 3, 2, 1}, []int32{1, 2, 3, 4}),
 		"one tensor":     compactOf(fr, []float32{3}, []int32{7})[:1],
 		"bad checksum":   badCRC,
+		"short, not all": compactOf(fr, []float32{3, 2}, []int32{5, 0}),
+		"short, twice":   compactOf(fr, []float32{3, 3}, []int32{0, 0}),
 	} {
 		var re *ResponseError
 		if err := read(ts); !errors.As(err, &re) {

@@ -117,7 +117,7 @@ func (sm *sampler) next(logits []float32) int32 {
 // next would from the whole row: the same candidates, in the same order,
 // with the same weights and draws.
 func (sm *sampler) nextTop(ids []int32, vals []float32) int32 {
-	if sm.s.Temperature <= 0 || len(ids) == 0 {
+	if sm.s.Temperature <= 0 {
 		return ids[0]
 	}
 	sm.idx = append(sm.idx[:0], ids[:min(sm.s.TopK, len(ids))]...)
