@@ -5,15 +5,21 @@ SHELL := /bin/bash
 GO    ?= go
 MODULE := github.com/meshnet/shardd
 
-# llama.cpp through github.com/ollama/ollama/llama (see backend/llamacpp):
-# the module zip lacks miniaudio.h, so our stand-in comes first on the path.
-# -march=native by default; override for portable builds, e.g.
+# llama.cpp and ggml come from the sources in the pinned ollama module. They
+# are compiled once per machine into a static library (scripts/llama-lib.sh,
+# cached under ~/.cache/shardd/llama/<key>, shared by every clone) that every
+# Go build mode links: plain, -race and fuzz builds compile only Go and the
+# small shim. -march=native by default; override for portable builds, e.g.
 #   make build MARCH=x86-64-v3
+# V=1 shows the compiler output of that one-time build.
 MARCH ?= native
-LLAMA_MOD = $(shell $(GO) list -m -f "{{.Dir}}" github.com/ollama/ollama 2>/dev/null)
-export CGO_CPPFLAGS = -I$(CURDIR)/backend/llamacpp/include -I$(LLAMA_MOD)/llama/llama.cpp/include -I$(LLAMA_MOD)/ml/backend/ggml/ggml/include
+LLAMA_MOD := $(shell $(GO) mod download -json github.com/ollama/ollama 2>/dev/null | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$$/\1/p')
+export CGO_CPPFLAGS := -I$(LLAMA_MOD)/llama/llama.cpp/include -I$(LLAMA_MOD)/ml/backend/ggml/ggml/include
 export CGO_CFLAGS   := -O3 -march=$(MARCH)
 export CGO_CXXFLAGS := -O3 -march=$(MARCH)
+LLAMA_DIR := $(shell GO=$(GO) CGO_CPPFLAGS="$(CGO_CPPFLAGS)" CGO_CFLAGS="$(CGO_CFLAGS)" CGO_CXXFLAGS="$(CGO_CXXFLAGS)" scripts/llama-lib.sh --dir)
+export CGO_LDFLAGS := -L$(LLAMA_DIR)
+LLAMA_LIB := $(LLAMA_DIR)/libshardd_llama.a
 
 BIN      := $(CURDIR)/.bin
 GOBIN_TOOLS := $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-go-vtproto
@@ -21,9 +27,9 @@ FUZZTIME ?= 10s
 FUZZMINIMIZE ?= 10x
 BENCHCOUNT ?= 6
 
-APT_PKGS := protobuf-compiler nlohmann-json3-dev libstb-dev chromium unzip
+APT_PKGS := protobuf-compiler chromium unzip
 
-.PHONY: all deps tools generate check-generate build test vet unit fuzz fuzz-long soak bench demo demo-real models clean
+.PHONY: all deps tools llama env generate check-generate build test vet unit fuzz fuzz-long soak bench demo demo-real models clean
 
 all: build
 
@@ -39,6 +45,17 @@ deps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 	@$(GO) mod download
+
+## llama: the llama.cpp library, compiled once per machine (a few minutes on
+## 2 cores the first time; nothing afterwards).
+llama: $(LLAMA_LIB)
+$(LLAMA_LIB):
+	@GO=$(GO) scripts/llama-lib.sh >/dev/null
+
+## env: the exports that let plain `go build` / `go test` find llama.cpp:
+##   eval "$$(make -s env)"
+env: llama
+	@echo 'export CGO_CPPFLAGS="$(CGO_CPPFLAGS)" CGO_CFLAGS="$(CGO_CFLAGS)" CGO_CXXFLAGS="$(CGO_CXXFLAGS)" CGO_LDFLAGS="$(CGO_LDFLAGS)"'
 
 ## tools: the protoc plugins, at the versions pinned in go.mod's tool block.
 tools: $(GOBIN_TOOLS)
@@ -76,10 +93,8 @@ check-generate: deps tools
 	@if [ -f ../shared/contract/shard_runtime.proto ] && ! cmp -s ../shared/contract/shard_runtime.proto proto/shard_runtime.proto; then \
 	  echo "proto/shard_runtime.proto differs from ../shared/contract"; exit 1; fi
 
-## build: the shardd binary in .bin/ (builds llama.cpp once; the Go build
-## cache keeps it afterwards).
-build: deps
-	@echo "build: compiling shardd (the first build compiles llama.cpp: a few minutes on 2 cores)"
+## build: the shardd binary in .bin/.
+build: deps llama
 	$(GO) build -o $(BIN)/shardd ./cmd/shardd
 
 ## vet: gofmt (generated code aside) and go vet.
@@ -89,7 +104,7 @@ vet: deps
 	$(GO) vet ./...
 
 ## unit: every test with the race detector and the bufpool invariants on.
-unit: deps models
+unit: deps llama models
 	$(GO) test -race -tags invariants -timeout 30m ./...
 
 ## fuzz: each fuzz target for FUZZTIME (10s in CI; try FUZZTIME=5m locally).
@@ -109,7 +124,7 @@ FUZZ_TARGETS := ./stages/receive:FuzzReceive ./stages/checksum:FuzzUpdate \
 ## A run that fails only with "context deadline exceeded" and no failing
 ## input is Go's coordinator giving up on a worker it was (re)starting at
 ## the deadline, which a loaded machine provokes; it is run once more.
-fuzz: deps
+fuzz: deps llama
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; rest=$${t#*:}; fn=$${rest%%:*}; \
 	  race=; case "$$rest" in *:race) race=-race;; esac; \
 	  echo "fuzz: $$fn ($(FUZZTIME))"; \
@@ -124,7 +139,7 @@ fuzz: deps
 ## fuzz-long: every fuzz target for FUZZLONG each (default 10m; a count
 ## such as 5000000x gives exact totals, see scripts/fuzz-long.sh), printing
 ## the executions per target and in all.
-fuzz-long: deps
+fuzz-long: deps llama
 	@FUZZLONG=$(or $(FUZZLONG),10m) FUZZMINIMIZE=$(FUZZMINIMIZE) GO="$(GO)" scripts/fuzz-long.sh $(FUZZ_TARGETS)
 
 ## soak: not part of `make test`. For SOAKTIME (10m), 256 sessions open,
@@ -137,7 +152,7 @@ fuzz-long: deps
 SOAKTIME ?= 10m
 SOAKTIMEOUT ?= 30m
 SOAK_DIR ?= $(CURDIR)/out/soak
-soak: deps
+soak: deps llama
 	SHARDD_SOAK=$(SOAKTIME) SHARDD_SOAK_DIR=$(SOAK_DIR) $(GO) test -count=1 -run '^TestSoak$$' -v -timeout $(SOAKTIMEOUT) ./cmd/shardd
 
 ## demo: the first command to run. Builds shardd, generates the tiny model,
@@ -170,7 +185,7 @@ demo-real: build models
 test: check-generate vet unit fuzz
 
 ## bench: every benchmark, BENCHCOUNT runs each; PERF.md quotes medians.
-bench: deps
+bench: deps llama
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCHCOUNT) ./... | tee $(CURDIR)/bench.out
 	@echo "raw results in bench.out (benchstat bench.out for medians)"
 

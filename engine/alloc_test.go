@@ -121,7 +121,7 @@ func TestSessionDecodeStepAllocs(t *testing.T) {
 
 func sessionDecodeStepAllocs(t *testing.T, first, last bool) {
 	fb := newFake(first, last)
-	fb.quiet = true
+	fb.Quiet = true
 	e := New(Config{EvictGrace: -1}, fb, fakeMeta(), quietLog())
 	defer e.Close()
 	id := e.Identity()
@@ -149,16 +149,16 @@ func sessionDecodeStepAllocs(t *testing.T, first, last bool) {
 		if first {
 			body := make([]byte, 4*rows)
 			for i := range rows {
-				binary.LittleEndian.PutUint32(body[4*i:], uint32(i+3)%uint32(fb.info.Vocab))
+				binary.LittleEndian.PutUint32(body[4*i:], uint32(i+3)%uint32(fb.Shape.Vocab))
 			}
 			framer.Frame(nt, nameInputIDs, []int64{int64(rows)}, shardv1.DType_DTYPE_INT32, body, frameout.Options{})
 			return nt
 		}
-		body := make([]byte, 2*rows*fb.info.Hidden)
+		body := make([]byte, 2*rows*fb.Shape.Hidden)
 		for i := range body {
 			body[i] = byte(i*7 + rows)
 		}
-		framer.Frame(nt, nameHidden, []int64{int64(rows), int64(fb.info.Hidden)}, shardv1.DType_DTYPE_BFLOAT16, body, frameout.Options{})
+		framer.Frame(nt, nameHidden, []int64{int64(rows), int64(fb.Shape.Hidden)}, shardv1.DType_DTYPE_BFLOAT16, body, frameout.Options{})
 		return nt
 	}
 	ms.reqs <- wire(t, &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Chunk{Chunk: &shardv1.ActivationChunk{

@@ -315,12 +315,12 @@ func TestDrainWaitsForOpenStreams(t *testing.T) {
 }
 
 // gated starts a fake worker whose forwards wait at a gate. Closing the
-// gate (fb.open, also at cleanup) lets every later forward through.
+// gate (fb.Open, also at cleanup) lets every later forward through.
 func gated(t *testing.T, cfg Config) (*worker, *fakeBackend) {
 	fb := newFake(true, true)
 	w := startWorker(t, fb, fakeMeta(), cfg) // the probe ran inside New
-	fb.gate, fb.entered = make(chan struct{}), make(chan struct{}, 64)
-	t.Cleanup(fb.open)
+	fb.Gate, fb.Entered = make(chan struct{}), make(chan struct{}, 64)
+	t.Cleanup(fb.Open)
 	return w, fb
 }
 
@@ -344,7 +344,7 @@ func cancelWhileWedged(t *testing.T, w *worker, fb *fakeBackend) {
 	env := s.envelope(1, prefill, 0, 2, 0)
 	env.WorkId = "running"
 	s.chunk(env, s.tokensTensor([]int32{1, 2}))
-	<-fb.entered // the first prefill is inside Forward
+	<-fb.Entered // the first prefill is inside Forward
 	env = s.envelope(2, prefill, 0, 2, 0)
 	env.WorkId = "queued"
 	s.chunk(env, s.tokensTensor([]int32{3, 4}))
@@ -368,7 +368,7 @@ func cancelWhileWedged(t *testing.T, w *worker, fb *fakeBackend) {
 	// in its control queue, let the forward finish: the scheduler takes
 	// control operations before it starts another iteration.
 	waitUntil(t, func() bool { return len(w.eng.control) == 1 })
-	fb.gate <- struct{}{}
+	fb.Gate <- struct{}{}
 	r := <-done
 	results := map[string]outcome{}
 	for range 2 {
@@ -390,13 +390,13 @@ func TestQueueFull(t *testing.T) {
 	a := w.open(t, "qa", 1)
 	b := w.open(t, "qb", 1)
 	a.chunk(a.envelope(1, prefill, 0, 1, 0), a.tokensTensor([]int32{1}))
-	<-fb.entered
+	<-fb.Entered
 	b.chunk(b.envelope(1, prefill, 0, 1, 0), b.tokensTensor([]int32{1}))
 	got := b.result()
 	if code(got) != cExhausted || !got.status.Error.Retryable {
 		t.Fatalf("got %v", got.status)
 	}
-	fb.gate <- struct{}{}
+	fb.Gate <- struct{}{}
 	if o := a.result(); o.ack == nil {
 		t.Fatalf("held item: %v", o.status)
 	}
@@ -408,7 +408,7 @@ func TestForwardFailure(t *testing.T) {
 	fb := newFake(true, true)
 	w := startWorker(t, fb, fakeMeta(), Config{})
 	s := w.open(t, "fail", 1)
-	waitFor(t, w.eng, func() bool { fb.err = errors.New("ggml: /secret/path exploded"); return true })
+	waitFor(t, w.eng, func() bool { fb.Err = errors.New("ggml: /secret/path exploded"); return true })
 	got := s.prefillTokens(1, 1, 2)
 	if code(got) != cInternal || !got.status.Error.Retryable {
 		t.Fatalf("got %v", got.status)
@@ -416,7 +416,7 @@ func TestForwardFailure(t *testing.T) {
 	if d := got.status.Error.Detail; d != "engine: the forward pass failed: see worker log" {
 		t.Fatalf("detail leaks: %q", d)
 	}
-	waitFor(t, w.eng, func() bool { fb.err = nil; return true })
+	waitFor(t, w.eng, func() bool { fb.Err = nil; return true })
 	if o := s.prefillTokens(2, 1, 2); o.ack == nil || o.ack.CacheResult.PastLen != 2 {
 		t.Fatalf("retry: %v %v", o.ack, o.status)
 	}

@@ -41,12 +41,12 @@ type progress struct {
 func newScript(t *testing.T, cfg Config, edit func(*backend.Info)) *script {
 	fb := newFake(true, false)
 	if edit != nil {
-		edit(&fb.info)
+		edit(&fb.Shape)
 	}
 	if cfg.EvictGrace == 0 {
 		cfg.EvictGrace = -1
 	}
-	e := &Engine{cfg: cfg.Defaults().forBackend(fb.info), be: fb, info: fb.info, pool: bufpool.Default, log: quietLog()}
+	e := &Engine{cfg: cfg.Defaults().forBackend(fb.Shape), be: fb, info: fb.Shape, pool: bufpool.Default, log: quietLog()}
 	e.initObserver(nil, nil)
 	sc := &script{t: t, e: e, s: &e.sched, d: &e.drv, fb: fb, now: time.Unix(1_000_000, 0), streams: map[string]*stream{}, next: map[string]*progress{}}
 	sc.s.clock = func() time.Time { return sc.now }
@@ -624,7 +624,7 @@ func TestPlanBatchFull(t *testing.T) {
 		sc.submit(id, 0)
 	}
 	sc.expect("first", sc.step(0), "a:d1 b:d1 c:d1 d:d1")
-	if calls := sc.fb.calls; len(calls[len(calls)-1]) != 4 {
+	if calls := sc.fb.Calls; len(calls[len(calls)-1]) != 4 {
 		t.Fatalf("the four decode steps did not go to the backend in one call: %v", calls)
 	}
 	if h := sc.e.statOccupancy.Load(); h != 4 {

@@ -19,11 +19,11 @@ func TestDecodePreemptsPrefill(t *testing.T) {
 	dec.send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
 		IdempotencyStep: 2, Position: 2, ExpectedPastLen: 2, Tensor: dec.tokensTensor([]int32{3})}}})
 	<-entered // the decode's own (non-preemptible) iteration
-	fb.gate <- struct{}{}
+	fb.Gate <- struct{}{}
 	if o := dec.result(); o.ack == nil || o.ack.CacheResult.PastLen != 3 {
 		t.Fatalf("decode: %v %v", o.ack, o.status)
 	}
-	fb.open()
+	fb.Open()
 	o := long.result()
 	if o.ack == nil || o.ack.CacheResult.PastLen != 32 {
 		t.Fatalf("prefill after preemption: %v %v", o.ack, o.status)
@@ -38,15 +38,15 @@ func TestDecodePreemptsPrefill(t *testing.T) {
 // run and a second session for a long prefill.
 func preemptScene(t *testing.T) (w *worker, fb *fakeBackend, entered chan struct{}, dec, long *session) {
 	fb = newFake(true, true)
-	fb.preempt = make(chan struct{}, 1)
-	w = startWorker(t, preemptibleFake{fb}, fakeMeta(), Config{DecodeQuiet: 1, PrefillIterationTokens: 64})
+	fb.Preempt = make(chan struct{}, 1)
+	w = startWorker(t, preemptibleFake{Fake: fb}, fakeMeta(), Config{DecodeQuiet: 1, PrefillIterationTokens: 64})
 	entered = make(chan struct{}, 64)
-	waitFor(t, w.eng, func() bool { fb.gate, fb.entered = make(chan struct{}), entered; return true })
-	t.Cleanup(fb.open)
+	waitFor(t, w.eng, func() bool { fb.Gate, fb.Entered = make(chan struct{}), entered; return true })
+	t.Cleanup(fb.Open)
 	dec, long = w.open(t, "decoder", 1), w.open(t, "long", 1)
 	dec.chunk(dec.envelope(1, prefill, 0, 2, 0), dec.tokensTensor([]int32{1, 2}))
 	<-entered
-	fb.gate <- struct{}{}
+	fb.Gate <- struct{}{}
 	if o := dec.result(); o.ack == nil {
 		t.Fatalf("prefill: %v", o.status)
 	}

@@ -62,7 +62,7 @@ func TestRelayedDeadlineWhileQueued(t *testing.T) {
 	env := s.envelope(1, prefill, 0, 2, 0)
 	env.WorkId = "running"
 	s.chunk(env, s.tokensTensor([]int32{1, 2}))
-	<-fb.entered
+	<-fb.Entered
 	// Far enough out for the item to reach the queue on a loaded machine
 	// (one past its deadline on arrival is refused there, not queued: with
 	// 20 ms it sometimes was, and the test failed).
@@ -76,7 +76,7 @@ func TestRelayedDeadlineWhileQueued(t *testing.T) {
 	for time.Now().Before(deadline.Add(time.Millisecond)) {
 		time.Sleep(time.Until(deadline.Add(time.Millisecond)))
 	}
-	fb.gate <- struct{}{}
+	fb.Gate <- struct{}{}
 	if o := s.result(); o.ack == nil || o.ack.WorkId != "running" {
 		t.Fatalf("running item: %v %v", o.ack, o.status)
 	}

@@ -14,8 +14,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/meshnet/shardd/backend/backendtest"
 	"github.com/meshnet/shardd/engine"
+	"github.com/meshnet/shardd/engine/enginetest"
 	"github.com/meshnet/shardd/route"
 )
 
@@ -42,7 +42,7 @@ func smallWorkload(c, requests int) Workload {
 // the head's own sampling and framing, on a busy machine).
 func TestReportRecoversKnownCosts(t *testing.T) {
 	const fwd, oneWay = 4 * time.Millisecond, 3 * time.Millisecond
-	workers := backendtest.ServeRoute(t, 2, fwd, engine.Config{})
+	workers := enginetest.ServeRoute(t, 2, fwd, engine.Config{})
 	addrs, px, err := StartLinks(workers, map[int]Link{1: {Latency: oneWay}})
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +116,7 @@ func TestRequestsRepeat(t *testing.T) {
 func TestOpenLoop(t *testing.T) {
 	// Poisson bursts (and a slow -race build) can have more than the
 	// default 16 sessions in flight.
-	workers := backendtest.ServeRoute(t, 2, time.Millisecond, engine.Config{MaxSessions: 60})
+	workers := enginetest.ServeRoute(t, 2, time.Millisecond, engine.Config{MaxSessions: 60})
 	w := smallWorkload(0, 0)
 	w.Rate, w.Duration, w.Warmup = 50, time.Second, 0
 	s, err := Run(context.Background(), Target{Name: "route", Addrs: workers, Workers: workers}, w, RunOptions{})
@@ -132,7 +132,7 @@ func TestOpenLoop(t *testing.T) {
 // A closed loop with a duration stops issuing requests when it is over:
 // every one of its goroutines sees the end, not only the first to look.
 func TestClosedLoopDuration(t *testing.T) {
-	workers := backendtest.ServeRoute(t, 1, time.Millisecond, engine.Config{})
+	workers := enginetest.ServeRoute(t, 1, time.Millisecond, engine.Config{})
 	w := smallWorkload(0, 0)
 	w.Concurrency, w.Duration, w.Warmup = 4, 300*time.Millisecond, 0
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -161,7 +161,7 @@ func budgetFile(t *testing.T, name, text string) string {
 // A budget passes when every limit holds and names each one that fails,
 // and by how much; YAML and TOML read alike.
 func TestBudgetGate(t *testing.T) {
-	workers := backendtest.ServeRoute(t, 2, 2*time.Millisecond, engine.Config{})
+	workers := enginetest.ServeRoute(t, 2, 2*time.Millisecond, engine.Config{})
 	s, err := Run(context.Background(), Target{Name: "route", Addrs: workers, Workers: workers}, smallWorkload(2, 6), RunOptions{Label: "r"})
 	if err != nil {
 		t.Fatal(err)
@@ -207,7 +207,7 @@ func TestBudgetGate(t *testing.T) {
 
 // Bad input gets a clear error before any load is put on anything.
 func TestBadInput(t *testing.T) {
-	workers := backendtest.ServeRoute(t, 2, time.Millisecond, engine.Config{})
+	workers := enginetest.ServeRoute(t, 2, time.Millisecond, engine.Config{})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -289,7 +289,7 @@ func TestHTMLRendersInChromium(t *testing.T) {
 		}
 		t.Skip("chromium not installed (make deps installs it)")
 	}
-	workers := backendtest.ServeRoute(t, 2, time.Millisecond, engine.Config{})
+	workers := enginetest.ServeRoute(t, 2, time.Millisecond, engine.Config{})
 	rep := &Report{Schema: Schema, Started: time.Now(), Command: "test"}
 	for _, c := range []int{1, 3} {
 		s, err := Run(context.Background(), Target{Name: "route", Addrs: workers, Workers: workers}, smallWorkload(c, 6), RunOptions{Label: "c"})

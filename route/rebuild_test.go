@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnet/shardd/backend/backendtest"
 	"github.com/meshnet/shardd/engine"
+	"github.com/meshnet/shardd/engine/enginetest"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/argmax"
 )
@@ -20,7 +20,7 @@ import (
 // session evicted during every rebuild fails with ErrStateLost after
 // maxRebuilds, not with a bare cache miss.
 func TestPrefillRebuildsAfterEviction(t *testing.T) {
-	addrs := backendtest.ServeRoute(t, 2, 0, engine.Config{MaxSessions: 1, EvictGrace: -1})
+	addrs := enginetest.ServeRoute(t, 2, 0, engine.Config{MaxSessions: 1, EvictGrace: -1})
 	var intrude atomic.Int32 // steps of the outer generation that still get an intruder
 	var r *Route
 	inside := atomic.Bool{}
@@ -87,7 +87,7 @@ func TestPrefillRebuildsAfterEviction(t *testing.T) {
 
 // Request.Logits sees the logits each token was sampled from, in order.
 func TestLogitsHook(t *testing.T) {
-	addrs := backendtest.ServeRoute(t, 2, 0, engine.Config{})
+	addrs := enginetest.ServeRoute(t, 2, 0, engine.Config{})
 	r, err := Dial(context.Background(), addrs, Options{StepTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -7,9 +7,6 @@ import (
 	"runtime"
 	"testing"
 
-	"github.com/ollama/ollama/llama"
-	"github.com/ollama/ollama/ml"
-
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/gguf"
 )
@@ -52,29 +49,20 @@ func benchShardsWeights(b *testing.B, weights string) []string {
 func benchThreads() int { return runtime.NumCPU() }
 
 // BenchmarkDecodeStep: one decode step (1 token, 1 session) on the middle
-// shard of the bench preset, shardd's backend against a plain llama.Decode
-// through ollama's Go wrapper on the same GGUF with the same threads, in the
+// shard of the bench preset, shardd's backend against a plain llama_decode
+// with llama.cpp's default context parameters (Plain) on the same GGUF with the same threads, in the
 // same run. Target: shardd >= 0.97x plain.
 func BenchmarkDecodeStep(b *testing.B) {
 	path := benchShards(b)[1]
 	const ctx = 512
 	b.Run("shardd", func(b *testing.B) { batchedDecode(b, path, 1, ctx) })
 	b.Run("plain", func(b *testing.B) {
-		m, err := llama.LoadModelFromFile(path, llama.ModelParams{UseMmap: true})
+		pl, err := OpenPlain(path, ctx, benchThreads())
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer llama.FreeModel(m)
-		lc, err := llama.NewContextWithModel(m, llama.NewContextParams(ctx, 1, 1, benchThreads(), ml.FlashAttentionAuto, ""))
-		if err != nil {
-			b.Fatal(err)
-		}
-		hidden := m.NEmbd()
-		bt, err := llama.NewBatch(1, 1, hidden)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer bt.Free()
+		defer pl.Close()
+		hidden := pl.Hidden()
 		emb := make([]float32, hidden)
 		for i := range emb {
 			emb[i] = float32(i%61) * 0.001
@@ -84,12 +72,10 @@ func BenchmarkDecodeStep(b *testing.B) {
 		b.SetBytes(int64(2 * hidden))
 		for b.Loop() {
 			if pos == ctx {
-				lc.KvCacheSeqRm(0, 0, -1)
+				pl.Rewind()
 				pos = 0
 			}
-			bt.Clear()
-			bt.Add(0, emb, pos, true, 0)
-			if err := lc.Decode(bt); err != nil {
+			if err := pl.Decode(emb, pos); err != nil {
 				b.Fatal(err)
 			}
 			pos++

@@ -1,12 +1,13 @@
-// Package llamacpp runs a shard's layer range on llama.cpp, built from
-// github.com/ollama/ollama/llama (pinned at v0.17.4 in go.mod).
+// Package llamacpp runs a shard's layer range on llama.cpp, from the sources
+// in github.com/ollama/ollama (pinned at v0.17.4 in go.mod).
 //
-// The ollama Go wrapper cannot set kv_unified or an eval callback, so this
-// package creates the model and context through the C API itself (shim.c);
-// the symbols come from the objects the imported ollama package compiles.
-// Build flags: the Makefile points CGO_CPPFLAGS at llama.cpp's and ggml's
-// include folders in the module cache and at the project's stand-in for
-// miniaudio.h; build with `make build` or export those flags (README).
+// llama.cpp and ggml are compiled once per machine into a static library,
+// libshardd_llama.a, by scripts/llama-lib.sh, which the Makefile runs and
+// points CGO_LDFLAGS at; every Go build mode (plain, -race, fuzz) links that
+// one library instead of recompiling the C++. This package creates the model
+// and context through the C API itself (shim.c), since the parameters it
+// needs (kv_unified, an eval callback) are not in ollama's Go wrapper.
+// Build with `make build`, or export the flags `make env` prints (README).
 //
 // How a layer range runs (see ../../shared/NOTES-llama.md):
 //   - Input: the first shard takes token ids; the others take hidden states
@@ -21,6 +22,7 @@ package llamacpp
 
 /*
 #cgo CFLAGS: -std=c11
+#cgo LDFLAGS: -lshardd_llama -lstdc++ -lm
 #include <stdlib.h>
 #include <string.h>
 #include "shim.h"
@@ -36,8 +38,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"unsafe"
-
-	_ "github.com/ollama/ollama/llama" // compiles and links llama.cpp and ggml
 
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/gguf"

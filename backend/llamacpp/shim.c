@@ -227,3 +227,32 @@ static bool shardd_abort(void *data) {
 void shardd_set_preempt(struct llama_context *ctx, shardd_preempt *p) {
     llama_set_abort_callback(ctx, shardd_abort, p);
 }
+
+// The benchmarks' baseline: llama.cpp driven the plain way, with its default
+// context parameters as ollama's Go wrapper sets them (one sequence, batch
+// and micro-batch of n_batch rows, embeddings on, flash attention auto), and
+// llama_decode on a batch of embeddings.
+struct llama_context *shardd_plain_context(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
+                                           int32_t threads) {
+    struct llama_context_params p = llama_context_default_params();
+    p.n_ctx = n_ctx;
+    p.n_batch = n_batch;
+    p.n_ubatch = n_batch;
+    p.n_seq_max = 1;
+    p.n_threads = threads;
+    p.n_threads_batch = threads;
+    p.embeddings = true;
+    p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_AUTO;
+    return llama_init_from_model(model, p);
+}
+
+int32_t shardd_plain_decode_embd(struct llama_context *ctx, struct llama_batch *b, const float *emb, int32_t n_embd,
+                                 int32_t pos) {
+    memcpy(b->embd, emb, sizeof(float) * (size_t)n_embd);
+    b->n_tokens = 1;
+    b->pos[0] = pos;
+    b->n_seq_id[0] = 1;
+    b->seq_id[0][0] = 0;
+    b->logits[0] = 1;
+    return llama_decode(ctx, *b);
+}

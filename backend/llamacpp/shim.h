@@ -52,4 +52,10 @@ void shardd_set_preempt(struct llama_context *ctx, shardd_preempt *p);
 bool shardd_cb_eval(struct ggml_tensor *t, bool ask, void *user_data);
 bool shardd_seq_rm(struct llama_context *ctx, int32_t seq, int32_t p0);
 
+// The benchmarks' baseline (Plain in baseline.go).
+struct llama_context *shardd_plain_context(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
+                                           int32_t threads);
+int32_t shardd_plain_decode_embd(struct llama_context *ctx, struct llama_batch *b, const float *emb, int32_t n_embd,
+                                 int32_t pos);
+
 #endif

@@ -1,15 +1,18 @@
 // Package bufpooltest holds test helpers for code that uses bufpool.
 package bufpooltest
 
-import (
-	"testing"
+import "github.com/meshnet/shardd/bufpool"
 
-	"github.com/meshnet/shardd/bufpool"
-)
+// T is the part of testing.TB that New uses.
+type T interface {
+	Helper()
+	Cleanup(func())
+	Errorf(format string, args ...any)
+}
 
 // New returns a tracking pool whose outstanding buffers fail t when the test
 // ends.
-func New(t testing.TB) *bufpool.Pool {
+func New(t T) *bufpool.Pool {
 	t.Helper()
 	p := bufpool.New(bufpool.Tracking())
 	t.Cleanup(func() {

@@ -14,13 +14,18 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"testing"
 	"time"
 )
 
+// T is the part of testing.TB that a PKI uses.
+type T interface {
+	Fatal(args ...any)
+	TempDir() string
+}
+
 // PKI makes certificates for tests: a CA, and leaves it signs.
 type PKI struct {
-	t      testing.TB
+	t      T
 	dir    string
 	ca     *x509.Certificate
 	caKey  *ecdsa.PrivateKey
@@ -28,7 +33,7 @@ type PKI struct {
 }
 
 // NewPKI makes a CA named name, valid for an hour.
-func NewPKI(t testing.TB, name string) *PKI {
+func NewPKI(t T, name string) *PKI {
 	p := &PKI{t: t, dir: t.TempDir()}
 	p.caKey, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},

@@ -1,0 +1,55 @@
+// Package enginetest serves routes of test-double shards (backend/backendtest)
+// with the real engine and gRPC on loopback, for the tests of the packages
+// above the engine (route, load). Tests only.
+package enginetest
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/meshnet/shardd/backend/backendtest"
+	"github.com/meshnet/shardd/engine"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/gguf"
+)
+
+// T is the part of testing.TB that ServeRoute uses.
+type T interface {
+	Helper()
+	Cleanup(func())
+	Fatalf(format string, args ...any)
+}
+
+// ServeRoute serves a route of n shards (one layer each) whose forwards
+// take d (backendtest.NewDelay) and returns the workers' addresses in layer
+// order. Everything stops when the test ends.
+func ServeRoute(t T, n int, d time.Duration, cfg engine.Config) []string {
+	t.Helper()
+	var addrs []string
+	for i := range n {
+		be := backendtest.NewDelay(i == 0, i == n-1, d)
+		meta := gguf.Meta{Arch: "llama", BlockCount: 1, Start: i, End: i + 1, Total: n, FileType: "f32",
+			SourceDigest: "00000000000000000000000000000000000000000000000000000000000000aa"}
+		eng := engine.New(cfg, be, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if eng.State() != shardv1.ServingState_SERVING_STATE_SERVING {
+			t.Fatalf("enginetest: shard %d is not serving", i)
+		}
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("enginetest: %v", err)
+		}
+		srv := grpc.NewServer(eng.ServerOptions()...)
+		shardv1.RegisterShardRuntimeServer(srv, eng)
+		go srv.Serve(lis)
+		t.Cleanup(func() {
+			srv.Stop()
+			eng.Close()
+		})
+		addrs = append(addrs, lis.Addr().String())
+	}
+	return addrs
+}

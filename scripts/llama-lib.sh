@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# llama-lib.sh: compile llama.cpp and ggml (CPU) from the pinned ollama module
+# once per machine, as one static library that every Go build mode links
+# (plain, -race, fuzz), and print the folder that holds it.
+#
+#   scripts/llama-lib.sh            build if missing, print the folder
+#   scripts/llama-lib.sh --dir      print the folder only (no build)
+#
+# The file list and each package's cgo flags come from `go list`, so the
+# objects are the ones `go build` of ollama's packages would compile for this
+# GOOS/GOARCH, with the same flags: CGO_CPPFLAGS/CGO_CFLAGS/CGO_CXXFLAGS from
+# the environment first, then the package's own directives.
+#
+# The folder is ${SHARDD_CACHE:-~/.cache/shardd}/llama/<key>. The key hashes
+# this script, the module version, the compilers, the flags and the platform,
+# and not the checkout's path, so every clone on the machine shares one build.
+# Compiler output (pages of third-party warnings) goes to build.log beside it
+# and is shown only when V=1 or when a compile fails.
+set -euo pipefail
+
+GO=${GO:-go}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+mod_dir=$($GO list -m -f '{{.Dir}}' github.com/ollama/ollama)
+mod_ver=$($GO list -m -f '{{.Version}}' github.com/ollama/ollama)
+cc=$($GO env CC)
+cxx=$($GO env CXX)
+# cmd/go's own compiler flags (-fPIC, -m64, -pthread, ...) less the
+# per-invocation file-prefix map.
+gccflags=$($GO env GOGCCFLAGS | tr ' ' '\n' | grep -v -e '^-ffile-prefix-map' -e '^$' | tr '\n' ' ')
+goos=$($GO env GOOS)
+goarch=$($GO env GOARCH)
+cppflags=${CGO_CPPFLAGS:-}
+cflags=${CGO_CFLAGS:--O2 -g}
+cxxflags=${CGO_CXXFLAGS:--O2 -g}
+
+# The packages whose C and C++ files make up the library: llama.cpp's core
+# and ggml with its CPU backend. ollama's Go wrapper, common/ and mtmd/ are
+# not needed by shardd and are left out.
+roots="github.com/ollama/ollama/llama/llama.cpp/src github.com/ollama/ollama/ml/backend/ggml/ggml/src"
+
+key=$( {
+	cat "$0"
+	echo "$mod_ver $goos $goarch $gccflags"
+	echo "cpp=$cppflags"
+	echo "c=$cflags"
+	echo "cxx=$cxxflags"
+	"$cc" --version | head -1
+	"$cxx" --version | head -1
+} | sha256sum | cut -c1-16)
+out=${SHARDD_CACHE:-$HOME/.cache/shardd}/llama/$key
+
+if [ "${1:-}" = --dir ]; then
+	echo "$out"
+	exit 0
+fi
+if [ -f "$out/libshardd_llama.a" ]; then
+	echo "$out"
+	exit 0
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/shardd-llama.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+# One make rule per object, so `make -j` uses every core (cmd/go compiles a
+# package's C files one after another).
+mk=$work/Makefile
+objs=()
+n=0
+while IFS='|' read -r dir cfiles cxxfiles pcpp pcf pcxx; do
+	for f in $cfiles $cxxfiles; do
+		n=$((n + 1))
+		obj=$work/o$n-${f%.*}.o
+		objs+=("$obj")
+		case $f in
+		*.c) cmd="$cc -I $dir $gccflags $cppflags $pcpp $cflags $pcf" ;;
+		*) cmd="$cxx -I $dir $gccflags $cppflags $pcpp $cxxflags $pcxx" ;;
+		esac
+		printf '%s: %s\n\t%s -c %s -o %s\n' "$obj" "$dir/$f" "$cmd" "$dir/$f" "$obj" >>"$mk"
+	done
+done < <($GO list -deps -f '{{if or .CFiles .CXXFiles}}{{.Dir}}|{{join .CFiles " "}}|{{join .CXXFiles " "}}|{{join .CgoCPPFLAGS " "}}|{{join .CgoCFLAGS " "}}|{{join .CgoCXXFLAGS " "}}{{end}}' $roots | grep -v '^$' | grep "^$mod_dir/")
+# Largest sources first, so the long compiles do not start last and leave a
+# core idle at the end.
+order=$(grep -E '^[^[:space:]]+\.o: ' "$mk" | while read -r o src; do echo "$(stat -c %s "$src") ${o%:}"; done | sort -rn | cut -d' ' -f2 | tr '\n' ' ')
+printf 'all: %s\n' "$order" >>"$mk"
+
+jobs=$(nproc 2>/dev/null || echo 2)
+echo "llama-lib: compiling llama.cpp and ggml once for this machine ($n files, $jobs jobs; a few minutes on 2 cores) into $out" >&2
+mkdir -p "$(dirname "$out")"
+log=$work/build.log
+if [ "${V:-0}" = 1 ]; then
+	make -s -j"$jobs" -f "$mk" all 2>&1 | tee "$log"
+	rc=${PIPESTATUS[0]}
+else
+	rc=0
+	make -s -j"$jobs" -f "$mk" all >"$log" 2>&1 || rc=$?
+fi
+if [ "$rc" -ne 0 ]; then
+	grep -E -B2 -A6 'error' "$log" | head -60 >&2 || tail -40 "$log" >&2
+	echo "llama-lib: compile failed (full log: V=1 make ...)" >&2
+	exit 1
+fi
+ar rcs "$work/libshardd_llama.a" "${objs[@]}"
+mkdir -p "$work/lib"
+mv "$work/libshardd_llama.a" "$log" "$work/lib/"
+# A concurrent build that finished first wins; ours is dropped.
+mv -T "$work/lib" "$out" 2>/dev/null || true
+echo "$out"
