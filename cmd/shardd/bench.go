@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -15,9 +15,7 @@ import (
 	"time"
 
 	"github.com/meshnet/shardd/backend/llamacpp"
-	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/load"
-	"github.com/meshnet/shardd/relay"
 	"github.com/meshnet/shardd/route"
 )
 
@@ -64,121 +62,182 @@ register there, and a second target 'route+relay' drives the same workers with t
 through the relay, in interleaved rounds with the direct 'route': the ratio column is the
 relay's cost. A route you run takes relay://HOST:PORT/NAME hops in --route.`
 
-func runBench(args []string) error {
-	fs := newFlags("bench", "(--route A,B,... | --model FILE (--shards N | --ranges R)) [flags]", benchHelp)
-	routeFlag := fs.String("route", "", "existing route: worker addresses in layer order")
-	tlsf := addClientTLS(fs)
-	model := fs.String("model", "", "whole-model GGUF: the harness splits it and starts the workers")
-	cut := addCutFlags(fs, "with --model: ")
-	threads := fs.String("threads", "1", "with --model: forward threads per worker, one value or one per worker (1,1)")
-	workerCPUs := fs.String("worker-cpus", "", "with --model: CPU set per worker, ';' between workers (0;1 or 0-1;2-3); empty: no pinning")
-	unsplit := fs.Bool("unsplit", false, "with --model: also run the whole model in one worker, as the baseline")
-	unsplitThreads := fs.String("unsplit-threads", "1", "threads of the --unsplit worker; a list (1,2) makes one baseline per value")
-	unsplitCPUs := fs.String("unsplit-cpus", "", "CPU set of each --unsplit worker, ';' between them (0 or 0;0-1)")
-	serveArgs := fs.String("serve-args", "", "further flags for every 'shardd serve' the harness starts (space-separated)")
-	stages := fs.Bool("stages", false, "with --model: workers write spans, and the report has per-stage latency")
-	spanFiles := fs.String("span-files", "", "with --route: span files the workers write (serve --traces file:PATH, --instance = the address given in --route), for per-stage latency")
+// benchFlags are bench's flags as given; parseBench turns them into a
+// benchConfig.
+type benchFlags struct {
+	route, model, threads, workerCPUs, unsplitThreads, unsplitCPUs, serveArgs, spanFiles string
+	promptLen, outputLen, lengths, prompts, tokenizer, sweep, slo, budget, relayHops     string
+	json, html, compact, workDir                                                         string
+	unsplit, stages, quiet                                                               bool
+	concurrency, requests, warmup, topK, rounds                                          int
+	rate, temperature, topP                                                              float64
+	duration, relayLatency, stepTimeout                                                  time.Duration
+	seed                                                                                 uint64
+	links                                                                                listFlag
+	cut                                                                                  cutFlags
+	tls                                                                                  *tlsFlags
+}
 
-	concurrency := fs.Int("concurrency", 4, "closed loop: requests in flight")
-	rate := fs.Float64("rate", 0, "open loop: Poisson arrivals per second (overrides --concurrency)")
-	requests := fs.Int("requests", 0, "measured requests per run (default 40 when --duration is not set)")
-	duration := fs.Duration("duration", 0, "measured time per run (arrivals stop, requests in flight finish)")
-	warmup := fs.Int("warmup", -1, "requests run first and not counted (-1: as many as the concurrency)")
-	promptLen := fs.String("prompt-len", "128", "prompt tokens: N or MIN-MAX (uniform)")
-	outputLen := fs.String("output-len", "64", "output tokens: N or MIN-MAX (uniform)")
-	lengthFile := fs.String("lengths", "", "file of 'PROMPT OUTPUT' pairs, one a line; requests draw from it")
-	promptFile := fs.String("prompts", "", "JSONL of real prompts ({\"prompt\": TEXT} or {\"messages\": [...]}, e.g. "+load.DefaultPrompts+"), tokenized with the model's tokenizer (chat messages through its chat template); request i sends prompt i mod N, --output-len tokens")
-	tokenizer := fs.String("tokenizer", "", "with --prompts: the GGUF whose tokenizer and chat template to use (default: --model; with --route, the route's first shard or the whole model)")
-	temperature := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
-	topK := fs.Int("top-k", 0, "sampling top-k (0: all)")
-	topP := fs.Float64("top-p", 0, "sampling top-p (0: off)")
-	seed := fs.Uint64("seed", 1, "seed of lengths, prompts, arrivals and sampling: runs repeat")
-	sweep := fs.String("sweep", "", "sweep the load: concurrency=1,2,4,8 or rate=1,2,4")
-	rounds := fs.Int("rounds", 1, "rounds of every target and level, interleaved; the report gives medians")
-	sloFlag := fs.String("slo", "", "per-request SLO for goodput: ttft=300ms,itl=25ms,tpot=20ms,e2e=5s")
-	budgetFile := fs.String("budget", "", "budget file (.yaml or .toml): exit 1 when a limit fails")
-	relayHops := fs.String("relay-hops", "", "with --model: also run the route with these hops (0,1,... or all) through a relay the harness runs, as a target 'route+relay' on the same workers, interleaved with the direct route")
-	relayLatency := fs.Duration("relay-latency", 0, "with --relay-hops: delay the relay adds to every chunk, each way")
-	var links listFlag
-	fs.Var(&links, "link", "network condition of a hop, HOP=latency:5ms,jitter:1ms,bandwidth:1gbit (repeatable)")
-	jsonOut := fs.String("json", "", "write the report as JSON (schema "+load.Schema+")")
-	htmlOut := fs.String("html", "", "write the report as one self-contained HTML page with plots")
-	stepTimeout := fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker")
-	compact := fs.String("compact-logits", "off", "on: ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k) instead of the whole vocabulary's, the same tokens; both: also a target 'route+compact' on the route's workers and --link proxies, in interleaved rounds with 'route'")
-	quiet := fs.Bool("quiet", false, "no live progress line")
-	workDir := fs.String("work-dir", "", "where worker logs and spans go (default: a temporary folder, removed afterwards)")
+// benchConfig is a checked bench command line: everything the run needs is
+// known before a worker starts.
+type benchConfig struct {
+	f          benchFlags
+	args       []string
+	w          load.Workload
+	levels     []float64
+	sweepParam string
+	budget     load.Budget
+}
+
+func (f *benchFlags) addTargetFlags(fs *flag.FlagSet) {
+	fs.StringVar(&f.route, "route", "", "existing route: worker addresses in layer order")
+	f.tls = addClientTLS(fs)
+	fs.StringVar(&f.model, "model", "", "whole-model GGUF: the harness splits it and starts the workers")
+	f.cut = addCutFlags(fs, "with --model: ")
+	fs.StringVar(&f.threads, "threads", "1", "with --model: forward threads per worker, one value or one per worker (1,1)")
+	fs.StringVar(&f.workerCPUs, "worker-cpus", "", "with --model: CPU set per worker, ';' between workers (0;1 or 0-1;2-3); empty: no pinning")
+	fs.BoolVar(&f.unsplit, "unsplit", false, "with --model: also run the whole model in one worker, as the baseline")
+	fs.StringVar(&f.unsplitThreads, "unsplit-threads", "1", "threads of the --unsplit worker; a list (1,2) makes one baseline per value")
+	fs.StringVar(&f.unsplitCPUs, "unsplit-cpus", "", "CPU set of each --unsplit worker, ';' between them (0 or 0;0-1)")
+	fs.StringVar(&f.serveArgs, "serve-args", "", "further flags for every 'shardd serve' the harness starts (space-separated)")
+	fs.BoolVar(&f.stages, "stages", false, "with --model: workers write spans, and the report has per-stage latency")
+	fs.StringVar(&f.spanFiles, "span-files", "", "with --route: span files the workers write (serve --traces file:PATH, --instance = the address given in --route), for per-stage latency")
+	fs.StringVar(&f.relayHops, "relay-hops", "", "with --model: also run the route with these hops (0,1,... or all) through a relay the harness runs, as a target 'route+relay' on the same workers, interleaved with the direct route")
+	fs.DurationVar(&f.relayLatency, "relay-latency", 0, "with --relay-hops: delay the relay adds to every chunk, each way")
+	fs.Var(&f.links, "link", "network condition of a hop, HOP=latency:5ms,jitter:1ms,bandwidth:1gbit (repeatable)")
+	fs.StringVar(&f.compact, "compact-logits", "off", "on: ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k) instead of the whole vocabulary's, the same tokens; both: also a target 'route+compact' on the route's workers and --link proxies, in interleaved rounds with 'route'")
+	fs.DurationVar(&f.stepTimeout, "step-timeout", 60*time.Second, "deadline of one step on one worker")
+}
+
+func (f *benchFlags) addWorkloadFlags(fs *flag.FlagSet) {
+	fs.IntVar(&f.concurrency, "concurrency", 4, "closed loop: requests in flight")
+	fs.Float64Var(&f.rate, "rate", 0, "open loop: Poisson arrivals per second (overrides --concurrency)")
+	fs.IntVar(&f.requests, "requests", 0, "measured requests per run (default 40 when --duration is not set)")
+	fs.DurationVar(&f.duration, "duration", 0, "measured time per run (arrivals stop, requests in flight finish)")
+	fs.IntVar(&f.warmup, "warmup", -1, "requests run first and not counted (-1: as many as the concurrency)")
+	fs.StringVar(&f.promptLen, "prompt-len", "128", "prompt tokens: N or MIN-MAX (uniform)")
+	fs.StringVar(&f.outputLen, "output-len", "64", "output tokens: N or MIN-MAX (uniform)")
+	fs.StringVar(&f.lengths, "lengths", "", "file of 'PROMPT OUTPUT' pairs, one a line; requests draw from it")
+	fs.StringVar(&f.prompts, "prompts", "", "JSONL of real prompts ({\"prompt\": TEXT} or {\"messages\": [...]}, e.g. "+load.DefaultPrompts+"), tokenized with the model's tokenizer (chat messages through its chat template); request i sends prompt i mod N, --output-len tokens")
+	fs.StringVar(&f.tokenizer, "tokenizer", "", "with --prompts: the GGUF whose tokenizer and chat template to use (default: --model; with --route, the route's first shard or the whole model)")
+	fs.Float64Var(&f.temperature, "temperature", 0, "sampling temperature (0: greedy)")
+	fs.IntVar(&f.topK, "top-k", 0, "sampling top-k (0: all)")
+	fs.Float64Var(&f.topP, "top-p", 0, "sampling top-p (0: off)")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed of lengths, prompts, arrivals and sampling: runs repeat")
+	fs.StringVar(&f.sweep, "sweep", "", "sweep the load: concurrency=1,2,4,8 or rate=1,2,4")
+	fs.IntVar(&f.rounds, "rounds", 1, "rounds of every target and level, interleaved; the report gives medians")
+	fs.StringVar(&f.slo, "slo", "", "per-request SLO for goodput: ttft=300ms,itl=25ms,tpot=20ms,e2e=5s")
+}
+
+func (f *benchFlags) addOutputFlags(fs *flag.FlagSet) {
+	fs.StringVar(&f.budget, "budget", "", "budget file (.yaml or .toml): exit 1 when a limit fails")
+	fs.StringVar(&f.json, "json", "", "write the report as JSON (schema "+load.Schema+")")
+	fs.StringVar(&f.html, "html", "", "write the report as one self-contained HTML page with plots")
+	fs.BoolVar(&f.quiet, "quiet", false, "no live progress line")
+	fs.StringVar(&f.workDir, "work-dir", "", "where worker logs and spans go (default: a temporary folder, removed afterwards)")
+}
+
+// parseBench parses and checks bench's command line, reading the files it
+// names (lengths, prompts, budget); it starts nothing.
+func parseBench(args []string) (*benchConfig, error) {
+	fs := newFlags("bench", "(--route A,B,... | --model FILE (--shards N | --ranges R)) [flags]", benchHelp)
+	c := &benchConfig{args: args}
+	f := &c.f
+	f.addTargetFlags(fs)
+	f.addWorkloadFlags(fs)
+	f.addOutputFlags(fs)
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if !slices.Contains([]string{"off", "on", "both"}, *compact) {
-		return fmt.Errorf("--compact-logits %q: want off, on or both", *compact)
+	if (f.route == "") == (f.model == "") {
+		fs.Usage()
+		return nil, fmt.Errorf("give --route or --model, not both")
 	}
+	if err := f.checkTarget(); err != nil {
+		return nil, err
+	}
+	if err := c.workload(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
 
-	// Everything the run needs is checked before a worker starts.
-	w := load.Workload{Concurrency: *concurrency, Rate: *rate, Requests: *requests, Duration: *duration, Seed: *seed,
-		Sampling: route.Sampling{Temperature: *temperature, TopK: *topK, TopP: *topP, Seed: *seed}}
+// checkTarget checks the flags that choose and shape the targets.
+func (f *benchFlags) checkTarget() error {
+	if !slices.Contains([]string{"off", "on", "both"}, f.compact) {
+		return fmt.Errorf("--compact-logits %q: want off, on or both", f.compact)
+	}
+	if f.route != "" && (f.unsplit || *f.cut.shards > 0 || *f.cut.rangesFlag != "" || *f.cut.by != "layers" || *f.cut.kvCells != 0 || f.stages || f.relayHops != "") {
+		return fmt.Errorf("--unsplit, --shards, --ranges, --by, --kv-cells, --stages and --relay-hops need --model (the harness starts those workers); a route you run takes relay://HOST:PORT/NAME hops in --route")
+	}
+	if f.route == "" && (*f.tls.ca != "" || *f.tls.cert != "") {
+		return fmt.Errorf("the TLS flags are for --route: the workers --model starts listen on loopback in plaintext")
+	}
+	if f.relayLatency < 0 {
+		return fmt.Errorf("--relay-latency must not be negative")
+	}
+	if f.rounds < 1 {
+		return fmt.Errorf("--rounds must be at least 1")
+	}
+	return nil
+}
+
+// workload builds the load from the flags: lengths or prompts, sampling,
+// SLO, sweep levels and budget.
+func (c *benchConfig) workload() error {
+	f := &c.f
+	w := load.Workload{Concurrency: f.concurrency, Rate: f.rate, Requests: f.requests, Duration: f.duration, Seed: f.seed,
+		Sampling: route.Sampling{Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed}}
 	if w.Requests == 0 && w.Duration == 0 {
 		w.Requests = 40
 	}
 	var err error
-	if *promptFile != "" {
-		if *lengthFile != "" {
-			return fmt.Errorf("give --prompts or --lengths, not both")
+	switch {
+	case f.prompts != "" && f.lengths != "":
+		return fmt.Errorf("give --prompts or --lengths, not both")
+	case f.prompts != "":
+		tok := f.tokenizer
+		if tok == "" {
+			tok = f.model
 		}
-		if *tokenizer == "" {
-			*tokenizer = *model
-		}
-		if w.Prompts, err = tokenizePromptFile(*promptFile, *tokenizer); err != nil {
+		if w.Prompts, err = tokenizePromptFile(f.prompts, tok); err != nil {
 			return err
 		}
-		if w.Lengths.Output, err = load.ParseRange(*outputLen); err != nil {
-			return err
-		}
-	} else if *lengthFile != "" {
-		if w.Lengths.Pairs, err = load.ReadLengthFile(*lengthFile); err != nil {
-			return err
-		}
-	} else {
-		if w.Lengths.Prompt, err = load.ParseRange(*promptLen); err != nil {
-			return err
-		}
-		if w.Lengths.Output, err = load.ParseRange(*outputLen); err != nil {
-			return err
+		w.Lengths.Output, err = load.ParseRange(f.outputLen)
+	case f.lengths != "":
+		w.Lengths.Pairs, err = load.ReadLengthFile(f.lengths)
+	default:
+		if w.Lengths.Prompt, err = load.ParseRange(f.promptLen); err == nil {
+			w.Lengths.Output, err = load.ParseRange(f.outputLen)
 		}
 	}
-	if w.SLO, err = load.ParseSLO(*sloFlag); err != nil {
-		return err
-	}
-	var budget load.Budget
-	if *budgetFile != "" {
-		if budget, err = load.ReadBudget(*budgetFile); err != nil {
-			return err
-		}
-	}
-	sweepParam, levels, err := parseSweep(*sweep, w)
 	if err != nil {
 		return err
 	}
-	if *rounds < 1 {
-		return fmt.Errorf("--rounds must be at least 1")
+	if w.SLO, err = load.ParseSLO(f.slo); err != nil {
+		return err
 	}
-	if (*routeFlag == "") == (*model == "") {
-		fs.Usage()
-		return fmt.Errorf("give --route or --model, not both")
+	if f.budget != "" {
+		if c.budget, err = load.ReadBudget(f.budget); err != nil {
+			return err
+		}
 	}
-	if *routeFlag != "" && (*unsplit || *cut.shards > 0 || *cut.rangesFlag != "" || *cut.by != "layers" || *cut.kvCells != 0 || *stages || *relayHops != "") {
-		return fmt.Errorf("--unsplit, --shards, --ranges, --by, --kv-cells, --stages and --relay-hops need --model (the harness starts those workers); a route you run takes relay://HOST:PORT/NAME hops in --route")
-	}
-	if *relayLatency < 0 {
-		return fmt.Errorf("--relay-latency must not be negative")
-	}
+	c.w = w
+	c.sweepParam, c.levels, err = parseSweep(f.sweep, w)
+	return err
+}
 
+func runBench(args []string) error {
+	c, err := parseBench(args)
+	if err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	dir := *workDir
+	dir := c.f.workDir
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "shardd-bench-"); err != nil {
 			return err
@@ -187,45 +246,56 @@ func runBench(args []string) error {
 	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-
 	rep := &load.Report{Schema: load.Schema, Started: time.Now(), Command: "shardd bench " + strings.Join(args, " ")}
-	var targets []load.Target
-	if *routeFlag != "" {
-		addrs := splitList(*routeFlag)
-		t := load.Target{Name: "route", Addrs: addrs, Workers: addrs}
-		if *spanFiles != "" {
-			t.SpanFiles, t.SpanFlush = splitList(*spanFiles), 6*time.Second
-		}
-		targets = append(targets, t)
-		rep.Targets = append(rep.Targets, load.TargetInfo{Name: t.Name, Workers: addrs})
-	} else {
-		var rl *relayTarget
-		if *relayHops != "" {
-			if rl, err = startRelay(*relayHops, *relayLatency); err != nil {
-				return err
-			}
-			defer rl.relay.Close()
-		}
-		spawned, infos, closeAll, err := startTargets(ctx, *model, cut, *threads, *workerCPUs, *unsplit,
-			*unsplitThreads, *unsplitCPUs, *serveArgs, *stages, dir, w, levels, sweepParam, rl)
-		defer closeAll()
-		if err != nil {
-			return err
-		}
-		targets, rep.Targets = spawned, infos
-	}
-	hopLinks, err := load.ParseLinks(links, len(targets[0].Addrs))
+	targets, closeAll, err := c.targets(ctx, dir, rep)
+	defer closeAll()
 	if err != nil {
 		return err
+	}
+	rep.Workload = workloadInfo(c.w, c.levels, c.sweepParam, c.f.rounds, c.f.warmup)
+	if err := c.runRounds(ctx, targets, rep); err != nil {
+		return err
+	}
+	return c.report(rep)
+}
+
+// targets starts or names the targets, with --link proxies in front of the
+// first and the compact view of it; closeAll stops what was started.
+func (c *benchConfig) targets(ctx context.Context, dir string, rep *load.Report) (targets []load.Target, closeAll func(), err error) {
+	var closers []func()
+	closeAll = func() {
+		for _, f := range slices.Backward(closers) {
+			f()
+		}
+	}
+	if c.f.route != "" {
+		addrs := splitList(c.f.route)
+		t := load.Target{Name: "route", Addrs: addrs, Workers: addrs}
+		if c.f.spanFiles != "" {
+			t.SpanFiles, t.SpanFlush = splitList(c.f.spanFiles), 6*time.Second
+		}
+		targets = []load.Target{t}
+		rep.Targets = []load.TargetInfo{{Name: t.Name, Workers: addrs}}
+	} else {
+		sp, stop, err := c.spawn(ctx, dir)
+		closers = append(closers, stop)
+		if err != nil {
+			return nil, closeAll, err
+		}
+		targets, rep.Targets = sp.Targets, sp.Infos
+	}
+	hopLinks, err := load.ParseLinks(c.f.links, len(targets[0].Addrs))
+	if err != nil {
+		return nil, closeAll, err
 	}
 	addrs, proxies, err := load.StartLinks(targets[0].Addrs, hopLinks)
 	if err != nil {
-		return err
+		return nil, closeAll, err
 	}
-	defer proxies.Close()
+	closers = append(closers, func() { proxies.Close() })
 	targets[0].Addrs = addrs
-	rep.Targets[0].Links = links
-	if *compact == "both" {
+	rep.Targets[0].Links = c.f.links
+	if c.f.compact == "both" {
 		// The same workers through the same links, asking for compact output.
 		ct, ci := targets[0], rep.Targets[0]
 		ct.Name, ci.Name, ct.CompactLogits = "route+compact", "route+compact", true
@@ -233,33 +303,122 @@ func runBench(args []string) error {
 		targets = slices.Insert(targets, 1, ct)
 		rep.Targets = slices.Insert(rep.Targets, 1, ci)
 	}
+	return targets, closeAll, nil
+}
 
-	rep.Workload = workloadInfo(w, levels, sweepParam, *rounds, *warmup)
-	opts := load.RunOptions{Route: route.Options{StepTimeout: *stepTimeout, CompactLogits: *compact == "on"}}
-	if *routeFlag != "" {
-		if opts.Route.TLS, err = tlsf.config(splitList(*routeFlag), nil); err != nil {
+// spawn splits the model and starts the route's workers, the relay and the
+// baselines (load.StartTargets); stop stops them.
+func (c *benchConfig) spawn(ctx context.Context, dir string) (*load.Spawned, func(), error) {
+	var closers []func()
+	stop := func() {
+		for _, f := range slices.Backward(closers) {
+			f()
+		}
+	}
+	sp, err := c.spawnSpec(dir)
+	if err != nil {
+		return nil, stop, err
+	}
+	if c.f.relayHops != "" {
+		rl, err := load.StartRelay(c.f.relayLatency)
+		if err != nil {
+			return nil, stop, err
+		}
+		closers = append(closers, func() { rl.Close() })
+		if sp.Relayed, err = rl.Hops(c.f.relayHops, len(sp.Shards)); err != nil {
+			return nil, stop, err
+		}
+	}
+	started, err := load.StartTargets(ctx, sp)
+	if err != nil {
+		return nil, stop, err
+	}
+	closers = append(closers, started.Close)
+	return started, stop, nil
+}
+
+// spawnSpec reads the cut, thread and CPU flags into what to start, and
+// splits the model (cached).
+func (c *benchConfig) spawnSpec(dir string) (load.Spawn, error) {
+	f := &c.f
+	sp := load.Spawn{Bin: selfPath(), Model: f.model, Stages: f.stages, Dir: dir,
+		ServeArgs: append(load.SessionArgs(c.w, c.levels, c.sweepParam), strings.Fields(f.serveArgs)...)}
+	var err error
+	if sp.Ranges, err = f.cut.ranges(f.model); err != nil {
+		return sp, err
+	}
+	if sp.Threads, err = perWorkerInts(f.threads, len(sp.Ranges)); err != nil {
+		return sp, err
+	}
+	if sp.CPUs, err = load.ParseCPUSets(f.workerCPUs); err != nil {
+		return sp, err
+	}
+	if len(sp.CPUs) > 0 && len(sp.CPUs) != len(sp.Ranges) {
+		return sp, fmt.Errorf("--worker-cpus has %d sets for %d workers", len(sp.CPUs), len(sp.Ranges))
+	}
+	if f.unsplit {
+		if sp.Baselines, err = baselines(f.unsplitThreads, f.unsplitCPUs); err != nil {
+			return sp, err
+		}
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	sp.Shards, err = load.Shards(f.model, sp.Ranges, filepath.Join(cache, "shardd", "bench-shards"))
+	return sp, err
+}
+
+// baselines reads --unsplit-threads and --unsplit-cpus.
+func baselines(threads, cpus string) ([]load.Baseline, error) {
+	sets, err := load.ParseCPUSets(cpus)
+	if err != nil {
+		return nil, err
+	}
+	var out []load.Baseline
+	for _, v := range splitList(threads) {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--unsplit-threads: bad value %q", v)
+		}
+		out = append(out, load.Baseline{Threads: n})
+	}
+	if len(sets) > 0 && len(sets) != len(out) {
+		return nil, fmt.Errorf("--unsplit-cpus has %d sets for %d baselines", len(sets), len(out))
+	}
+	for i := range sets {
+		out[i].CPUs = sets[i]
+	}
+	return out, nil
+}
+
+// runRounds runs every target at every level, round after round, so the
+// targets see the same machine conditions.
+func (c *benchConfig) runRounds(ctx context.Context, targets []load.Target, rep *load.Report) error {
+	opts := load.RunOptions{Route: route.Options{StepTimeout: c.f.stepTimeout, CompactLogits: c.f.compact == "on"}}
+	if c.f.route != "" {
+		var err error
+		if opts.Route.TLS, err = c.f.tls.config(splitList(c.f.route), nil); err != nil {
 			return err
 		}
-	} else if *tlsf.ca != "" || *tlsf.cert != "" {
-		return fmt.Errorf("the TLS flags are for --route: the workers --model starts listen on loopback in plaintext")
 	}
-	if !*quiet {
+	if !c.f.quiet {
 		opts.Progress = os.Stderr
 	}
-	for round := 1; round <= *rounds; round++ {
-		for _, lvl := range levels {
-			lw := w
-			if sweepParam == "rate" {
+	for round := 1; round <= c.f.rounds; round++ {
+		for _, lvl := range c.levels {
+			lw := c.w
+			if c.sweepParam == "rate" {
 				lw.Rate = lvl
-			} else if w.Rate == 0 {
+			} else if c.w.Rate == 0 {
 				lw.Concurrency = int(lvl)
 			}
-			lw.Warmup = *warmup
+			lw.Warmup = c.f.warmup
 			if lw.Warmup < 0 {
 				lw.Warmup = max(lw.Concurrency, 1)
 			}
 			for _, t := range targets {
-				opts.Label = runLabel(t.Name, lw, round, *rounds)
+				opts.Label = runLabel(t.Name, lw, round, c.f.rounds)
 				s, err := load.Run(ctx, t, lw, opts)
 				if err != nil {
 					return err
@@ -269,20 +428,26 @@ func runBench(args []string) error {
 			}
 		}
 	}
-	rep.Finish(budget, sweepParam)
+	return nil
+}
+
+// report prints the report, writes the JSON and HTML asked for, and fails
+// when the budget does.
+func (c *benchConfig) report(rep *load.Report) error {
+	rep.Finish(c.budget, c.sweepParam)
 	fmt.Println()
 	rep.WriteText(os.Stdout)
-	if *jsonOut != "" {
-		if err := rep.WriteJSON(*jsonOut); err != nil {
+	if c.f.json != "" {
+		if err := rep.WriteJSON(c.f.json); err != nil {
 			return err
 		}
-		fmt.Printf("wrote %s\n", *jsonOut)
+		fmt.Printf("wrote %s\n", c.f.json)
 	}
-	if *htmlOut != "" {
-		if err := rep.WriteHTML(*htmlOut); err != nil {
+	if c.f.html != "" {
+		if err := rep.WriteHTML(c.f.html); err != nil {
 			return err
 		}
-		fmt.Printf("wrote %s\n", *htmlOut)
+		fmt.Printf("wrote %s\n", c.f.html)
 	}
 	if !rep.BudgetPass {
 		return errBudget
@@ -357,160 +522,6 @@ func workloadInfo(w load.Workload, levels []float64, sweepParam string, rounds, 
 	return wi
 }
 
-// startTargets splits the model, starts the route's workers (and the
-// unsplit baseline's) and returns the targets; closeAll stops every
-// process it started, also after an error.
-func startTargets(ctx context.Context, model string, cut cutFlags, threadsFlag, cpusFlag string, unsplit bool,
-	unsplitThreads, unsplitCPUs, serveArgs string, stages bool, dir string, w load.Workload, levels []float64, sweepParam string,
-	rl *relayTarget,
-) (targets []load.Target, infos []load.TargetInfo, closeAll func(), err error) {
-	var clusters []*load.Cluster
-	closeAll = func() {
-		for _, c := range clusters {
-			c.Close()
-		}
-	}
-	meta, err := gguf.Read(model)
-	if err != nil {
-		return nil, nil, closeAll, err
-	}
-	rs, err := cut.ranges(model)
-	if err != nil {
-		return nil, nil, closeAll, err
-	}
-	threads, err := perWorkerInts(threadsFlag, len(rs))
-	if err != nil {
-		return nil, nil, closeAll, err
-	}
-	cpuSets, err := load.ParseCPUSets(cpusFlag)
-	if err != nil {
-		return nil, nil, closeAll, err
-	}
-	if len(cpuSets) > 0 && len(cpuSets) != len(rs) {
-		return nil, nil, closeAll, fmt.Errorf("--worker-cpus has %d sets for %d workers", len(cpuSets), len(rs))
-	}
-	var baseThreads []int
-	for _, v := range splitList(unsplitThreads) {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return nil, nil, closeAll, fmt.Errorf("--unsplit-threads: bad value %q", v)
-		}
-		baseThreads = append(baseThreads, n)
-	}
-	baseCPUs, err := load.ParseCPUSets(unsplitCPUs)
-	if err != nil {
-		return nil, nil, closeAll, err
-	}
-	if len(baseCPUs) > 0 && len(baseCPUs) != len(baseThreads) {
-		return nil, nil, closeAll, fmt.Errorf("--unsplit-cpus has %d sets for %d baselines", len(baseCPUs), len(baseThreads))
-	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	paths, err := load.Shards(model, rs, filepath.Join(cache, "shardd", "bench-shards"))
-	if err != nil {
-		return nil, nil, closeAll, err
-	}
-	extra := append(sessionArgs(w, levels, sweepParam), strings.Fields(serveArgs)...)
-	relayed := map[int]string{} // hop -> its relay URL
-	if rl != nil {
-		if relayed, err = rl.hops(len(rs)); err != nil {
-			return nil, nil, closeAll, err
-		}
-	}
-
-	route := load.Target{Name: "route"}
-	info := load.TargetInfo{Name: "route", Threads: threads}
-	var specs []load.WorkerSpec
-	for i, p := range paths {
-		s := load.WorkerSpec{Model: p, Name: fmt.Sprintf("hop%d", i), Threads: threads[i], Args: extra}
-		if u, ok := relayed[i]; ok {
-			s.Args = append(slices.Clone(extra), "--relay", u)
-		}
-		if len(cpuSets) > 0 {
-			s.CPUs = cpuSets[i]
-			info.CPUs = append(info.CPUs, intsString(s.CPUs))
-		}
-		if stages {
-			s.SpanFile = filepath.Join(dir, s.Name+".spans.jsonl")
-			route.SpanFiles = append(route.SpanFiles, s.SpanFile)
-			route.Instances = append(route.Instances, s.Name)
-		}
-		specs = append(specs, s)
-		info.Ranges = append(info.Ranges, rs[i].String())
-	}
-	route.SpanFlush = time.Second
-	c, err := load.StartWorkers(ctx, selfPath(), dir, specs)
-	if err != nil {
-		return nil, nil, closeAll, err
-	}
-	clusters = append(clusters, c)
-	route.Addrs, route.Workers, info.Workers = c.Addrs, c.Addrs, c.Addrs
-	targets, infos = append(targets, route), append(infos, info)
-	if len(relayed) > 0 {
-		// The same workers, with the relayed hops reached through the relay.
-		rt, ri := route, info
-		rt.Name, ri.Name = "route+relay", "route+relay"
-		rt.Addrs = slices.Clone(c.Addrs)
-		rt.Workers = rt.Addrs
-		for i, u := range relayed {
-			rt.Addrs[i] = u
-		}
-		ri.Workers = rt.Addrs
-		targets, infos = append(targets, rt), append(infos, ri)
-	}
-
-	for i, th := range baseThreads {
-		if !unsplit {
-			break
-		}
-		name := "unsplit"
-		if len(baseThreads) > 1 {
-			name = fmt.Sprintf("unsplit-%dt", th)
-		}
-		s := load.WorkerSpec{Model: model, Name: name, Threads: th, Args: extra}
-		bi := load.TargetInfo{Name: name, Ranges: []string{fmt.Sprintf("0:%d", meta.BlockCount)}, Threads: []int{th}}
-		if len(baseCPUs) > 0 {
-			s.CPUs = baseCPUs[i]
-			bi.CPUs = []string{intsString(s.CPUs)}
-		}
-		base := load.Target{Name: name, SpanFlush: time.Second}
-		if stages {
-			s.SpanFile = filepath.Join(dir, name+".spans.jsonl")
-			base.SpanFiles, base.Instances = []string{s.SpanFile}, []string{s.Name}
-		}
-		c, err := load.StartWorkers(ctx, selfPath(), dir, []load.WorkerSpec{s})
-		if err != nil {
-			return nil, nil, closeAll, err
-		}
-		clusters = append(clusters, c)
-		base.Addrs, base.Workers, bi.Workers = c.Addrs, c.Addrs, c.Addrs
-		targets, infos = append(targets, base), append(infos, bi)
-	}
-	return targets, infos, closeAll, nil
-}
-
-// sessionArgs sizes the workers the harness starts for the load: sessions
-// and KV cells for the most requests that can be in flight at once.
-func sessionArgs(w load.Workload, levels []float64, sweepParam string) []string {
-	inflight := w.Concurrency
-	for _, l := range levels {
-		if sweepParam == "concurrency" {
-			inflight = max(inflight, int(l))
-		}
-	}
-	if w.Rate > 0 || sweepParam == "rate" {
-		inflight = 64
-	}
-	inflight = min(inflight+1, 255)
-	longest := w.PromptLens()[1] + w.Lengths.Output[1]
-	for _, p := range w.Lengths.Pairs {
-		longest = max(longest, p[0]+p[1])
-	}
-	return []string{"--max-sessions", strconv.Itoa(inflight), "--ctx-tokens", strconv.Itoa(inflight*(longest+8) + 256)}
-}
-
 // tokenizePromptFile reads a prompts file and tokenizes each prompt with
 // the tokenizer of the GGUF at tokPath: text as it is, chat messages
 // through the model's chat template.
@@ -562,14 +573,6 @@ func perWorkerInts(s string, n int) ([]int, error) {
 	return out, nil
 }
 
-func intsString(v []int) string {
-	s := make([]string, len(v))
-	for i, x := range v {
-		s[i] = strconv.Itoa(x)
-	}
-	return strings.Join(s, ",")
-}
-
 // selfPath is this executable, which the harness runs as 'serve'.
 func selfPath() string {
 	p, err := os.Executable()
@@ -577,41 +580,4 @@ func selfPath() string {
 		return os.Args[0]
 	}
 	return p
-}
-
-// relayTarget is the relay the harness runs for --relay-hops.
-type relayTarget struct {
-	relay *relay.Relay
-	addr  string
-	spec  string // the --relay-hops value
-}
-
-func startRelay(spec string, latency time.Duration) (*relayTarget, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	r := &relay.Relay{Latency: latency}
-	go r.Serve(ln)
-	return &relayTarget{relay: r, addr: ln.Addr().String(), spec: spec}, nil
-}
-
-// hops parses the --relay-hops list for a route of n hops into each
-// relayed hop's URL.
-func (rl *relayTarget) hops(n int) (map[int]string, error) {
-	out := map[int]string{}
-	for _, v := range splitList(rl.spec) {
-		if v == "all" {
-			for i := range n {
-				out[i] = fmt.Sprintf("relay://%s/hop%d", rl.addr, i)
-			}
-			continue
-		}
-		i, err := strconv.Atoi(v)
-		if err != nil || i < 0 || i >= n {
-			return nil, fmt.Errorf("--relay-hops: %q is not a hop of this %d-hop route", v, n)
-		}
-		out[i] = fmt.Sprintf("relay://%s/hop%d", rl.addr, i)
-	}
-	return out, nil
 }

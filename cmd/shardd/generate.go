@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/meshnet/shardd/backend/llamacpp"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/route"
@@ -20,91 +22,131 @@ func init() {
 	register(command{name: "generate", summary: "drive a generation through a route of shardd workers", run: runGenerate})
 }
 
-func runGenerate(args []string) error {
+// genFlags are generate's flags.
+type genFlags struct {
+	route, promptTokens, prompt, system, chatTemplate, tokenizer, verifyModel *string
+	chat, compact, replay                                                     *bool
+	maxTokens, topK, chunk                                                    *int
+	temperature, topP                                                         *float64
+	seed                                                                      *uint64
+	timeout, overall                                                          *time.Duration
+	tls                                                                       *tlsFlags
+	tel                                                                       *telemetryFlags
+}
+
+func parseGenerate(args []string) (*genFlags, error) {
 	fs := newFlags("generate", "--route ADDR1,ADDR2[,...] (--prompt-tokens 1,2,3 | --prompt TEXT [--chat] --tokenizer FILE.gguf) [flags]",
 		"Sends the prompt through the route (first worker first), samples at the head, streams tokens\n"+
 			"(or, with a tokenizer, text) as they come, stops at the model's end-of-generation tokens, and\n"+
 			"prints per-hop and total timing at the end.")
-	routeFlag := fs.String("route", "", "comma-separated worker addresses, in layer order: HOST:PORT (gRPC), relay://HOST:PORT/NAME (through a relay) or frames://HOST:PORT; one route may mix them")
-	tlsf := addClientTLS(fs)
-	promptTokens := fs.String("prompt-tokens", "", "comma-separated prompt token ids")
-	prompt := fs.String("prompt", "", "prompt text, tokenized with the model's tokenizer (--tokenizer, else --verify-model)")
-	chat := fs.Bool("chat", false, "treat --prompt as a user message and apply the model's own chat template (tokenizer.chat_template); a GGUF with none (a base model) gets a plain \"Q: ...\\nA:\" transcript and the answer ends at its first line")
-	system := fs.String("system", "", "with --chat: a system message before the user's")
-	chatTemplate := fs.String("chat-template", "", "with --chat: one of llama.cpp's built-in templates (chatml, gemma, llama3, ...) instead of the model's own; for a GGUF that carries none (base models)")
-	tokenizer := fs.String("tokenizer", "", "GGUF whose vocabulary tokenizes --prompt and prints the tokens as text: the whole model or the route's first shard (a vocab-only load; default: --verify-model)")
-	maxTokens := fs.Int("max-tokens", 16, "tokens to generate")
-	temperature := fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
-	topK := fs.Int("top-k", 0, "keep the K most likely tokens (0: all)")
-	topP := fs.Float64("top-p", 0, "nucleus sampling threshold (0: off)")
-	seed := fs.Uint64("seed", 1, "sampling seed")
-	compact := fs.Bool("compact-logits", false, "ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k), not the whole vocabulary's: the same tokens, 8K bytes a token instead of 4 x vocab")
-	chunk := fs.Int("prefill-chunk", 0, "tokens per prefill chunk (0: what the workers grant, at most 128)")
-	replay := fs.Bool("replay-recovery", false, "rebuild a session a worker lost in the shapes it was built in (prompt chunks, then a decode step per generated token): with --deterministic workers the tokens after a recovery equal an uninterrupted run's")
-	timeout := fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker; a worker that does not answer within it (after --step-timeout x 4 with the retries) fails the generation")
-	overall := fs.Duration("timeout", 0, "deadline of the whole generation, connecting included (0: none)")
-	tf := addTelemetryFlags(fs)
-	verifyModel := fs.String("verify-model", "", "whole-model GGUF: also generate greedily in this process and check the tokens match; the reference rounds to bf16 after each hop that returned bf16, as the route does, and prefills the prompt in one forward (README: Boundary dtype and exactness)")
+	f := &genFlags{}
+	f.route = fs.String("route", "", "comma-separated worker addresses, in layer order: HOST:PORT (gRPC), relay://HOST:PORT/NAME (through a relay) or frames://HOST:PORT; one route may mix them")
+	f.tls = addClientTLS(fs)
+	f.promptTokens = fs.String("prompt-tokens", "", "comma-separated prompt token ids")
+	f.prompt = fs.String("prompt", "", "prompt text, tokenized with the model's tokenizer (--tokenizer, else --verify-model)")
+	f.chat = fs.Bool("chat", false, "treat --prompt as a user message and apply the model's own chat template (tokenizer.chat_template); a GGUF with none (a base model) gets a plain \"Q: ...\\nA:\" transcript and the answer ends at its first line")
+	f.system = fs.String("system", "", "with --chat: a system message before the user's")
+	f.chatTemplate = fs.String("chat-template", "", "with --chat: one of llama.cpp's built-in templates (chatml, gemma, llama3, ...) instead of the model's own; for a GGUF that carries none (base models)")
+	f.tokenizer = fs.String("tokenizer", "", "GGUF whose vocabulary tokenizes --prompt and prints the tokens as text: the whole model or the route's first shard (a vocab-only load; default: --verify-model)")
+	f.maxTokens = fs.Int("max-tokens", 16, "tokens to generate")
+	f.temperature = fs.Float64("temperature", 0, "sampling temperature (0: greedy)")
+	f.topK = fs.Int("top-k", 0, "keep the K most likely tokens (0: all)")
+	f.topP = fs.Float64("top-p", 0, "nucleus sampling threshold (0: off)")
+	f.seed = fs.Uint64("seed", 1, "sampling seed")
+	f.compact = fs.Bool("compact-logits", false, "ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k), not the whole vocabulary's: the same tokens, 8K bytes a token instead of 4 x vocab")
+	f.chunk = fs.Int("prefill-chunk", 0, "tokens per prefill chunk (0: what the workers grant, at most 128)")
+	f.replay = fs.Bool("replay-recovery", false, "rebuild a session a worker lost in the shapes it was built in (prompt chunks, then a decode step per generated token): with --deterministic workers the tokens after a recovery equal an uninterrupted run's")
+	f.timeout = fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker; a worker that does not answer within it (after --step-timeout x 4 with the retries) fails the generation")
+	f.overall = fs.Duration("timeout", 0, "deadline of the whole generation, connecting included (0: none)")
+	f.tel = addTelemetryFlags(fs)
+	f.verifyModel = fs.String("verify-model", "", "whole-model GGUF: also generate greedily in this process and check the tokens match; the reference rounds to bf16 after each hop that returned bf16, as the route does, and prefills the prompt in one forward (README: Boundary dtype and exactness)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
 	}
 	if err := required(fs, "route"); err != nil {
+		return nil, err
+	}
+	if *f.verifyModel != "" && *f.temperature != 0 {
+		return nil, fmt.Errorf("--verify-model compares greedy generations; leave --temperature at 0")
+	}
+	if *f.tokenizer == "" {
+		*f.tokenizer = *f.verifyModel
+	}
+	return f, nil
+}
+
+func runGenerate(args []string) error {
+	f, err := parseGenerate(args)
+	if err != nil {
 		return err
 	}
-	if *tokenizer == "" {
-		*tokenizer = *verifyModel
-	}
 	var tok *llamacpp.Tokenizer
-	if *tokenizer != "" && (*prompt != "" || *promptTokens == "") {
-		var err error
-		if tok, err = llamacpp.OpenTokenizer(*tokenizer); err != nil {
+	if *f.tokenizer != "" && (*f.prompt != "" || *f.promptTokens == "") {
+		if tok, err = llamacpp.OpenTokenizer(*f.tokenizer); err != nil {
 			return err
 		}
 		defer tok.Close()
 	}
-	ids, plain, err := promptIDs(*promptTokens, *prompt, chatSpec{on: *chat, system: *system, template: *chatTemplate}, tok)
+	ids, plain, err := promptIDs(*f.promptTokens, *f.prompt, chatSpec{on: *f.chat, system: *f.system, template: *f.chatTemplate}, tok)
 	if err != nil {
 		return err
 	}
 	if plain {
 		fmt.Fprintln(os.Stderr, "generate: the model carries no chat template (a base model): asking in a plain Q:/A: transcript, the answer ending at its first line; --chat-template NAME forces one")
 	}
-	if *verifyModel != "" && *temperature != 0 {
-		return fmt.Errorf("--verify-model compares greedy generations; leave --temperature at 0")
-	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if *overall > 0 {
+	if *f.overall > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, *overall)
+		ctx, cancel = context.WithTimeout(ctx, *f.overall)
 		defer cancel()
 	}
-	tel, err := tf.setup("head")
+	tel, err := f.tel.setup("head")
 	if err != nil {
 		return err
 	}
 	defer tel.Shutdown(context.Background())
-	var netAddrs []string
-	for _, hop := range splitList(*routeFlag) {
-		netAddrs = append(netAddrs, route.NetAddr(hop))
-	}
-	tlsCfg, err := tlsf.config(netAddrs, nil)
-	if err != nil {
-		return err
-	}
-	r, err := route.Dial(ctx, splitList(*routeFlag), route.Options{StepTimeout: *timeout, PrefillChunk: *chunk, TracerProvider: tel.TracerProvider(), TLS: tlsCfg, ReplayRecovery: *replay, CompactLogits: *compact})
+	r, err := f.dial(ctx, tel.TracerProvider())
 	if err != nil {
 		return err
 	}
 	defer r.Close()
 	fmt.Printf("route: %d hops, prompt of %d tokens\n", len(r.Hops), len(ids))
-	var got []int32
-	req := route.Request{Prompt: ids, MaxTokens: *maxTokens,
-		Sampling: route.Sampling{Temperature: *temperature, TopK: *topK, TopP: *topP, Seed: *seed}}
+	req := route.Request{Prompt: ids, MaxTokens: *f.maxTokens,
+		Sampling: route.Sampling{Temperature: *f.temperature, TopK: *f.topK, TopP: *f.topP, Seed: *f.seed}}
 	if tok != nil {
 		req.Stop = stopper(tok, plain)
 	}
+	got, st, err := streamTokens(ctx, r, req, tok)
+	if err != nil {
+		return err
+	}
+	printStats(st)
+	if *f.verifyModel != "" {
+		return verifyTokens(*f.verifyModel, r, st, ids, got)
+	}
+	return nil
+}
+
+// dial connects the route with the flags' TLS and options.
+func (f *genFlags) dial(ctx context.Context, tp trace.TracerProvider) (*route.Route, error) {
+	hops := splitList(*f.route)
+	var netAddrs []string
+	for _, hop := range hops {
+		netAddrs = append(netAddrs, route.NetAddr(hop))
+	}
+	tlsCfg, err := f.tls.config(netAddrs, nil)
+	if err != nil {
+		return nil, err
+	}
+	return route.Dial(ctx, hops, route.Options{StepTimeout: *f.timeout, PrefillChunk: *f.chunk, TracerProvider: tp,
+		TLS: tlsCfg, ReplayRecovery: *f.replay, CompactLogits: *f.compact})
+}
+
+// streamTokens generates, printing each token (as text with a tokenizer)
+// as it comes.
+func streamTokens(ctx context.Context, r *route.Route, req route.Request, tok *llamacpp.Tokenizer) ([]int32, route.Stats, error) {
+	var got []int32
 	st, err := r.Generate(ctx, req, func(t int32) error {
 		got = append(got, t)
 		if tok != nil {
@@ -115,32 +157,31 @@ func runGenerate(args []string) error {
 		return nil
 	})
 	fmt.Println()
+	return got, st, err
+}
+
+// verifyTokens generates greedily with the whole model in this process and
+// compares. The reference computes what the route does: the whole model,
+// rounded to bf16 after each hop that returned bf16.
+func verifyTokens(model string, r *route.Route, st route.Stats, ids, got []int32) error {
+	var round []int
+	for i, h := range st.Hops[:len(st.Hops)-1] {
+		if h.Output == shardv1.DType_DTYPE_BFLOAT16 {
+			round = append(round, int(r.Hops[i].Capability.GetShardRange().GetEndLayer())-1)
+		}
+	}
+	want, err := verify.Greedy(model, ids, len(got), 0, round...)
 	if err != nil {
 		return err
 	}
-	printStats(st)
-	if *verifyModel != "" {
-		// The reference computes what the route does: the whole model,
-		// rounded to bf16 after each hop that returned bf16.
-		var round []int
-		for i, h := range st.Hops[:len(st.Hops)-1] {
-			if h.Output == shardv1.DType_DTYPE_BFLOAT16 {
-				round = append(round, int(r.Hops[i].Capability.GetShardRange().GetEndLayer())-1)
-			}
-		}
-		want, err := verify.Greedy(*verifyModel, ids, len(got), 0, round...)
-		if err != nil {
-			return err
-		}
-		ref := "the unsplit model"
-		if len(round) > 0 {
-			ref = fmt.Sprintf("the unsplit model rounded to bf16 after layers %v, as the route rounds", round)
-		}
-		if !slices.Equal(got, want) {
-			return fmt.Errorf("MISMATCH: the route generated %v; the reference (%s) %v", got, ref, want)
-		}
-		fmt.Printf("tokens: %v\nmatch: the route's tokens equal those of %s\n", got, ref)
+	ref := "the unsplit model"
+	if len(round) > 0 {
+		ref = fmt.Sprintf("the unsplit model rounded to bf16 after layers %v, as the route rounds", round)
 	}
+	if !slices.Equal(got, want) {
+		return fmt.Errorf("MISMATCH: the route generated %v; the reference (%s) %v", got, ref, want)
+	}
+	fmt.Printf("tokens: %v\nmatch: the route's tokens equal those of %s\n", got, ref)
 	return nil
 }
 

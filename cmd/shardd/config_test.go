@@ -1,0 +1,92 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/load"
+)
+
+// TestParseServe: serve's flags land in the backend's and the engine's
+// configuration, derived settings follow them, and values flags cannot
+// check are refused, all without opening a model or a port.
+func TestParseServe(t *testing.T) {
+	c, err := parseServe([]string{"--model", "m.gguf", "--max-sessions", "7", "--boundary", "f32", "--deterministic",
+		"--max-inflight", "3", "--decode-budget", "40ms", "--relay", "127.0.0.1:9/w1", "--pin-threads", "on", "--threads", "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, b := c.engine, c.backend
+	if e.MaxSessions != 7 || b.MaxSeqs != 8 || e.Boundary != shardv1.DType_DTYPE_FLOAT32 || !e.Deterministic || !b.SeparateKV ||
+		e.MaxInflightChunks != 3 || e.DecodeBudget != 40*time.Millisecond || b.Path != "m.gguf" || !b.PinThreads || b.Threads != 2 {
+		t.Fatalf("engine %+v\nbackend %+v", e, b)
+	}
+	if c.relayAddr != "127.0.0.1:9" || c.relayName != "w1" {
+		t.Fatalf("relay %q %q", c.relayAddr, c.relayName)
+	}
+	d, err := parseServe([]string{"--model", "m.gguf"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.engine.MaxSessions != 16 || d.engine.MaxPrefillChunkTokens != 512 || d.engine.Boundary != shardv1.DType_DTYPE_BFLOAT16 ||
+		!d.engine.RequireChecksum || d.drainTimeout != 30*time.Second || d.relayAddr != "" {
+		t.Fatalf("defaults: %+v", d.engine)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "--model"},
+		{[]string{"--model", "m", "--boundary", "f16"}, "--boundary"},
+		{[]string{"--model", "m", "--max-sessions", "0"}, "--max-sessions"},
+		{[]string{"--model", "m", "--max-sessions", "256"}, "--max-sessions"},
+		{[]string{"--model", "m", "--results-cache-bytes", "0"}, "--results-cache-bytes"},
+		{[]string{"--model", "m", "--pin-threads", "maybe"}, "--pin-threads"},
+		{[]string{"--model", "m", "--relay", "nowhere"}, "--relay"},
+		{[]string{"--model", "m", "--log-level", "loud"}, "--log-level"},
+		{[]string{"--model", "m", "--max-inflight", "-1"}, "max-inflight"},
+	} {
+		if _, err := parseServe(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err %v, want one naming %s", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestParseBench: bench's flags make the workload, the levels and the
+// target checks, and contradictions are refused before anything starts.
+func TestParseBench(t *testing.T) {
+	c, err := parseBench([]string{"--model", "m.gguf", "--shards", "2", "--prompt-len", "16-32", "--output-len", "8",
+		"--sweep", "concurrency=1,4,16", "--rounds", "3", "--seed", "7", "--requests", "10"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.sweepParam != "concurrency" || len(c.levels) != 3 || c.levels[2] != 16 || c.w.Requests != 10 || c.w.Seed != 7 ||
+		c.w.Lengths.Prompt != [2]int{16, 32} || c.w.Lengths.Output != [2]int{8, 8} || c.f.rounds != 3 {
+		t.Fatalf("%+v %v %v", c.w, c.levels, c.sweepParam)
+	}
+	if got := strings.Join(load.SessionArgs(c.w, c.levels, c.sweepParam), " "); got != "--max-sessions 17 --ctx-tokens 1072" {
+		t.Fatalf("session args %q", got)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--shards", "2"}, "--route or --model"},
+		{[]string{"--route", "a:1", "--model", "m"}, "--route or --model"},
+		{[]string{"--route", "a:1", "--unsplit"}, "need --model"},
+		{[]string{"--model", "m", "--tls-ca", "ca.pem"}, "TLS flags"},
+		{[]string{"--model", "m", "--compact-logits", "maybe"}, "--compact-logits"},
+		{[]string{"--model", "m", "--rounds", "0"}, "--rounds"},
+		{[]string{"--model", "m", "--relay-latency", "-1ms"}, "--relay-latency"},
+		{[]string{"--model", "m", "--prompts", "p.jsonl", "--lengths", "l.txt"}, "not both"},
+		{[]string{"--model", "m", "--sweep", "rate=0"}, "--sweep"},
+		{[]string{"--model", "m", "--prompt-len", "x"}, "x"},
+		{[]string{"--model", "m", "extra"}, "unexpected argument"},
+	} {
+		if _, err := parseBench(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err %v, want one naming %s", tc.args, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,226 @@
+package load
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/relay"
+)
+
+// Spawn says which targets the harness starts from a model: a route of one
+// worker per range, and the unsplit baselines.
+type Spawn struct {
+	// Bin is the shardd executable, run as `shardd serve`.
+	Bin string
+	// Model is the whole-model GGUF; Shards are its parts, one per Ranges.
+	Model  string
+	Shards []string
+	Ranges []gguf.Range
+	// Threads per worker; CPUs per worker (nil: no pinning).
+	Threads []int
+	CPUs    [][]int
+	// Baselines: one unsplit worker each (none: no baseline).
+	Baselines []Baseline
+	// ServeArgs are further flags for every worker.
+	ServeArgs []string
+	// Stages: workers write spans into Dir, for per-stage latency.
+	Stages bool
+	// Dir holds the workers' logs and spans.
+	Dir string
+	// Relayed maps a hop to the relay URL its worker also registers at;
+	// a target "route+relay" then reaches those hops through the relay.
+	Relayed map[int]string
+}
+
+// Baseline is one unsplit worker.
+type Baseline struct {
+	Threads int
+	CPUs    []int // nil: not pinned
+}
+
+// Spawned is the started targets. Close stops every worker.
+type Spawned struct {
+	Targets  []Target
+	Infos    []TargetInfo
+	clusters []*Cluster
+}
+
+// Close stops every process started.
+func (s *Spawned) Close() {
+	for _, c := range s.clusters {
+		c.Close()
+	}
+}
+
+// StartTargets starts the route's workers, the relayed view of them, and
+// the baselines. On error, what was started is stopped.
+func StartTargets(ctx context.Context, sp Spawn) (*Spawned, error) {
+	out := &Spawned{}
+	if err := out.startRoute(ctx, sp); err != nil {
+		out.Close()
+		return nil, err
+	}
+	for _, b := range sp.Baselines {
+		if err := out.startBaseline(ctx, sp, b); err != nil {
+			out.Close()
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (s *Spawned) startRoute(ctx context.Context, sp Spawn) error {
+	if len(sp.Threads) != len(sp.Shards) || len(sp.Ranges) != len(sp.Shards) || (sp.CPUs != nil && len(sp.CPUs) != len(sp.Shards)) {
+		return fmt.Errorf("load: %d shards, %d ranges, %d thread counts, %d CPU sets", len(sp.Shards), len(sp.Ranges), len(sp.Threads), len(sp.CPUs))
+	}
+	t := Target{Name: "route", SpanFlush: time.Second}
+	info := TargetInfo{Name: "route", Threads: sp.Threads}
+	var specs []WorkerSpec
+	for i, p := range sp.Shards {
+		w := WorkerSpec{Model: p, Name: fmt.Sprintf("hop%d", i), Threads: sp.Threads[i], Args: sp.ServeArgs}
+		if u, ok := sp.Relayed[i]; ok {
+			w.Args = append(slices.Clone(sp.ServeArgs), "--relay", u)
+		}
+		if sp.CPUs != nil {
+			w.CPUs = sp.CPUs[i]
+			info.CPUs = append(info.CPUs, IntsString(w.CPUs))
+		}
+		if sp.Stages {
+			w.SpanFile = filepath.Join(sp.Dir, w.Name+".spans.jsonl")
+			t.SpanFiles, t.Instances = append(t.SpanFiles, w.SpanFile), append(t.Instances, w.Name)
+		}
+		specs = append(specs, w)
+		info.Ranges = append(info.Ranges, sp.Ranges[i].String())
+	}
+	c, err := StartWorkers(ctx, sp.Bin, sp.Dir, specs)
+	if err != nil {
+		return err
+	}
+	s.clusters = append(s.clusters, c)
+	t.Addrs, t.Workers, info.Workers = c.Addrs, c.Addrs, c.Addrs
+	s.add(t, info)
+	if len(sp.Relayed) > 0 {
+		// The same workers, with the relayed hops reached through the relay.
+		t.Name, info.Name = "route+relay", "route+relay"
+		t.Addrs = slices.Clone(c.Addrs)
+		for i, u := range sp.Relayed {
+			t.Addrs[i] = u
+		}
+		t.Workers, info.Workers = t.Addrs, t.Addrs
+		s.add(t, info)
+	}
+	return nil
+}
+
+func (s *Spawned) startBaseline(ctx context.Context, sp Spawn, b Baseline) error {
+	meta, err := gguf.Read(sp.Model)
+	if err != nil {
+		return err
+	}
+	name := "unsplit"
+	if len(sp.Baselines) > 1 {
+		name = fmt.Sprintf("unsplit-%dt", b.Threads)
+	}
+	w := WorkerSpec{Model: sp.Model, Name: name, Threads: b.Threads, Args: sp.ServeArgs, CPUs: b.CPUs}
+	info := TargetInfo{Name: name, Ranges: []string{fmt.Sprintf("0:%d", meta.BlockCount)}, Threads: []int{b.Threads}}
+	if b.CPUs != nil {
+		info.CPUs = []string{IntsString(b.CPUs)}
+	}
+	t := Target{Name: name, SpanFlush: time.Second}
+	if sp.Stages {
+		w.SpanFile = filepath.Join(sp.Dir, name+".spans.jsonl")
+		t.SpanFiles, t.Instances = []string{w.SpanFile}, []string{w.Name}
+	}
+	c, err := StartWorkers(ctx, sp.Bin, sp.Dir, []WorkerSpec{w})
+	if err != nil {
+		return err
+	}
+	s.clusters = append(s.clusters, c)
+	t.Addrs, t.Workers, info.Workers = c.Addrs, c.Addrs, c.Addrs
+	s.add(t, info)
+	return nil
+}
+
+func (s *Spawned) add(t Target, info TargetInfo) {
+	s.Targets, s.Infos = append(s.Targets, t), append(s.Infos, info)
+}
+
+// SessionArgs sizes the workers the harness starts for a load: sessions and
+// KV cells for the most requests that can be in flight at once, at any of
+// the levels.
+func SessionArgs(w Workload, levels []float64, sweepParam string) []string {
+	inflight := w.Concurrency
+	for _, l := range levels {
+		if sweepParam == "concurrency" {
+			inflight = max(inflight, int(l))
+		}
+	}
+	if w.Rate > 0 || sweepParam == "rate" {
+		inflight = 64
+	}
+	inflight = min(inflight+1, 255)
+	longest := w.PromptLens()[1] + w.Lengths.Output[1]
+	for _, p := range w.Lengths.Pairs {
+		longest = max(longest, p[0]+p[1])
+	}
+	return []string{"--max-sessions", strconv.Itoa(inflight), "--ctx-tokens", strconv.Itoa(inflight*(longest+8) + 256)}
+}
+
+// IntsString writes a CPU set as 0,1,2.
+func IntsString(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
+// Relay is a relay the harness runs in its own process on loopback, for
+// relayed hops.
+type Relay struct {
+	*relay.Relay
+	addr string
+}
+
+// StartRelay serves a relay on loopback that adds latency to every chunk,
+// each way.
+func StartRelay(latency time.Duration) (*Relay, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	r := &relay.Relay{Latency: latency}
+	go r.Serve(ln)
+	return &Relay{Relay: r, addr: ln.Addr().String()}, nil
+}
+
+// Hops reads a hop list (0,2 or all) for a route of n hops into each
+// relayed hop's URL at this relay.
+func (r *Relay) Hops(spec string, n int) (map[int]string, error) {
+	out := map[int]string{}
+	for _, v := range strings.Split(spec, ",") {
+		v = strings.TrimSpace(v)
+		if v == "" {
+			continue
+		}
+		if v == "all" {
+			for i := range n {
+				out[i] = fmt.Sprintf("relay://%s/hop%d", r.addr, i)
+			}
+			continue
+		}
+		i, err := strconv.Atoi(v)
+		if err != nil || i < 0 || i >= n {
+			return nil, fmt.Errorf("--relay-hops: %q is not a hop of this %d-hop route", v, n)
+		}
+		out[i] = fmt.Sprintf("relay://%s/hop%d", r.addr, i)
+	}
+	return out, nil
+}
