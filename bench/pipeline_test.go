@@ -225,7 +225,7 @@ func routePipeline(b *testing.B, sessions int) {
 	}
 	// Workers that have served before: a fresh one has no cost model, so
 	// its first burst neither gathers groups nor packs prefill beside
-	// decode (PERF.md "Groups that even out"); one untimed round each.
+	// decode; one untimed round each.
 	for _, t := range targets {
 		if t.rt != nil {
 			generateAll(b, t.rt, sessions, outLen, prompt)

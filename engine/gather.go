@@ -111,8 +111,7 @@ const dueSlack = 2 * time.Millisecond
 // of now, forgetting older ones. A session that finished a prompt and has
 // sent no decode step yet is not counted: one that only ever prefills
 // (a prompt streamed in chunks, each a whole prefill) would otherwise make
-// every decode iteration beside it wait out its window, with the CPU idle
-// (PERF.md "A burst's start").
+// every decode iteration beside it wait out its window, with the CPU idle.
 func (g *gatherer) decoding(now time.Time, recent time.Duration) int {
 	n := 0
 	for id, t := range g.last {

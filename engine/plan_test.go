@@ -452,8 +452,7 @@ func TestPlanDecodeBudgetPacking(t *testing.T) {
 // row. On a CPU the fitted line's intercept sits far above what a small
 // decode batch takes (its cost per row falls as the batch grows); pricing
 // the decode rows by the line left no prefill beside a few decoding
-// sessions, and their waiting prompts starved (PERF.md "Where the ceiling's
-// gap lies").
+// sessions, and their waiting prompts starved.
 func TestPlanBudgetPricesTheMargin(t *testing.T) {
 	sc := newScript(t, Config{IterationTokens: 1, DecodeGroups: -1, DecodeQuiet: -1, PrefillIterationTokens: 32},
 		func(i *backend.Info) { i.CtxTokens = 1024 })
@@ -522,8 +521,7 @@ func TestPlanWaitsForDueDecode(t *testing.T) {
 // budget gives way: an iteration takes up to PrefillIterationTokens prompt
 // tokens, beside the decode rows or alone, though a decode step is due.
 // Otherwise a few sessions decoding in small fast batches held the many
-// waiting for their first token to a prompt row or so per iteration
-// (PERF.md "Prompts that outnumber the decoding sessions").
+// waiting for their first token to a prompt row or so per iteration.
 func TestPlanPromptsOutnumberDecoders(t *testing.T) {
 	prompts := []string{"b", "c", "d", "e", "f", "g"}
 	decoding := func() *script {
@@ -589,7 +587,7 @@ func TestPlanPreemption(t *testing.T) {
 
 // Decode rows go in in their sessions' KV sequence order, whatever order
 // their steps arrived in: each session's cells then keep a steady stride
-// in the shared KV buffer (PERF.md "Decode rows in a steady order").
+// in the shared KV buffer.
 func TestPlanDecodeRowsInSequenceOrder(t *testing.T) {
 	sc := newScript(t, Config{DecodeGroups: -1, DecodeQuiet: -1}, nil)
 	ids := []string{"a", "b", "c", "d"}

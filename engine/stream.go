@@ -14,7 +14,6 @@ import (
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/wireerr"
-	"github.com/meshnet/shardd/kvcache"
 	"github.com/meshnet/shardd/stages/decode"
 	"github.com/meshnet/shardd/stages/frameout"
 )
@@ -358,23 +357,8 @@ func (st *stream) finish() error {
 
 // open settles version, identity and flow control for a new stream.
 func (e *Engine) open(st *stream, o *shardv1.SessionOpen) (*shardv1.SessionAccepted, error) {
-	if o.SchemaVersion < shardv1.SchemaVersion_SCHEMA_VERSION_1 {
-		return nil, wireerr.Errorf(ErrSchema, "initiator offers %s, this worker needs SCHEMA_VERSION_1", o.SchemaVersion)
-	}
-	if e.State() == shardv1.ServingState_SERVING_STATE_DRAINING {
-		return nil, ErrDraining
-	}
-	if !e.validated {
-		return nil, wireerr.Errorf(ErrNoSession, "worker is not serving: %s", e.detail)
-	}
-	if err := e.id.checkFingerprint(o.Fingerprint); err != nil {
+	if err := e.checkOpen(o); err != nil {
 		return nil, err
-	}
-	if err := e.id.checkRange(o.ShardRange); err != nil {
-		return nil, err
-	}
-	if o.RouteSessionId == "" {
-		return nil, wireerr.Errorf(ErrEnvelope, "empty route_session_id")
 	}
 	st.id = strings.Clone(o.RouteSessionId)
 	st.epoch = o.RouteEpoch
@@ -529,70 +513,4 @@ func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d
 			pb.Preempt()
 		}
 	}
-}
-
-func (e *Engine) parseDecodeStep(w *work, d *shardv1.DecodeStep) error {
-	w.mode, w.phase = shardv1.CacheMode_CACHE_MODE_DECODE, shardv1.Phase_PHASE_DECODE
-	w.expected, w.first, w.tokens, w.final = d.ExpectedPastLen, int(d.Position), 1, true
-	w.deadline = d.DeadlineUnixNanos
-	if d.Tensor == nil {
-		return wireerr.Errorf(ErrMissingTensor, "%s", e.inputName())
-	}
-	return e.parseInput(w, d.Tensor, w.st.zstdIn)
-}
-
-func (e *Engine) parseChunk(st *stream, w *work, env *shardv1.Envelope, b *shardv1.TensorBundle) error {
-	if env == nil {
-		return wireerr.Errorf(ErrEnvelope, "chunk without envelope")
-	}
-	if env.SchemaVersion != shardv1.SchemaVersion_SCHEMA_VERSION_1 {
-		return wireerr.Errorf(ErrSchema, "%s", env.SchemaVersion)
-	}
-	if env.RouteSessionId != st.id {
-		return ErrIdentity
-	}
-	// Work older than the stream's epoch is stale, even where the session
-	// holds no state yet. (A newer epoch moves the stream on: see onWork.)
-	if env.RouteEpoch < st.epoch {
-		return wireerr.Errorf(kvcache.ErrEpochStale, "epoch %d on a stream at epoch %d", env.RouteEpoch, st.epoch)
-	}
-	if err := e.id.checkFingerprint(env.Fingerprint); err != nil {
-		return err
-	}
-	if err := e.id.checkRange(env.ShardRange); err != nil {
-		return err
-	}
-	w.epoch, w.phase, w.deadline = env.RouteEpoch, env.Phase, env.DeadlineUnixNanos
-	w.mode = env.CacheExpectation.GetMode()
-	w.expected = env.CacheExpectation.GetExpectedPastLen()
-	if env.Position == nil || env.Position.TokenCount == 0 {
-		return wireerr.Errorf(ErrEnvelope, "no token positions")
-	}
-	w.first, w.tokens = int(env.Position.FirstPosition), int(env.Position.TokenCount)
-	switch w.phase {
-	case shardv1.Phase_PHASE_PREFILL, shardv1.Phase_PHASE_DECODE:
-	default:
-		return wireerr.Errorf(ErrEnvelope, "phase %s in an activation chunk", w.phase)
-	}
-	switch w.mode {
-	case shardv1.CacheMode_CACHE_MODE_PREFILL, shardv1.CacheMode_CACHE_MODE_STATELESS:
-		if uint32(w.tokens) > st.fc.prefillTokens {
-			return wireerr.Errorf(ErrChunkTokens, "%d tokens, limit %d", w.tokens, st.fc.prefillTokens)
-		}
-	case shardv1.CacheMode_CACHE_MODE_DECODE:
-	default:
-		return wireerr.Errorf(ErrEnvelope, "cache mode %s", w.mode)
-	}
-	if w.tokens > e.info.CtxTokens {
-		return wireerr.Errorf(ErrChunkTokens, "%d tokens exceed the context of %d", w.tokens, e.info.CtxTokens)
-	}
-	w.final = true
-	if c := env.Chunk; c != nil {
-		if c.ChunkCount > 0 && c.ChunkIndex >= c.ChunkCount {
-			return wireerr.Errorf(ErrEnvelope, "chunk %d of %d", c.ChunkIndex, c.ChunkCount)
-		}
-		w.chunk = chunkInfo{index: c.ChunkIndex, count: c.ChunkCount, final: c.FinalChunk}
-		w.final = c.FinalChunk
-	}
-	return e.parseBundle(w, b, st.zstdIn)
 }

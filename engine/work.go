@@ -1,18 +1,15 @@
 package engine
 
 import (
-	"encoding/binary"
 	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
-	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/kvcache"
 	"github.com/meshnet/shardd/stages"
 	"github.com/meshnet/shardd/stages/decode"
-	"github.com/meshnet/shardd/stages/receive"
 )
 
 // Boundary tensor names.
@@ -173,31 +170,6 @@ func (w *work) releaseInput() {
 	}
 }
 
-// f32s views little-endian float32 bytes as []float32 without copying (the
-// project targets little-endian machines; see checkLittleEndian); b must
-// be 4-byte aligned: see alignedBody.
-func f32s(b []byte) []float32 {
-	if len(b) < 4 {
-		return nil
-	}
-	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
-}
-
-// alignedBody returns t's body 4-byte aligned for f32s. A payload
-// aliases the received message at whatever offset protobuf put it, so it may
-// be misaligned; then it is copied once into a pooled buffer (pooled memory
-// is allocated aligned) that t owns.
-func alignedBody(t *stages.Tensor, body []byte, pool *bufpool.Pool) []byte {
-	if len(body) == 0 || uintptr(unsafe.Pointer(&body[0]))%4 == 0 {
-		return body
-	}
-	buf := pool.Alloc(len(body))
-	b := buf.Bytes()
-	copy(b, body)
-	t.SetBody(b, buf)
-	return b
-}
-
 func init() { checkLittleEndian() }
 
 func checkLittleEndian() {
@@ -205,164 +177,4 @@ func checkLittleEndian() {
 	if *(*byte)(unsafe.Pointer(&x)) != 1 {
 		panic("engine: shardd needs a little-endian machine")
 	}
-}
-
-// parseBundle validates a chunk's bundle into w. firstShard says which input
-// tensor the shard takes; hidden its width.
-func (e *Engine) parseBundle(w *work, b *shardv1.TensorBundle, zstdOK bool) error {
-	if b == nil {
-		return wireerr.Errorf(ErrMissingTensor, "no bundle")
-	}
-	if b.BundleVersion > 1 {
-		return wireerr.Errorf(ErrBundleVersion, "version %d", b.BundleVersion)
-	}
-	var haveInput bool
-	for _, nt := range b.Tensors {
-		switch nt.Name {
-		case nameInputIDs, nameHidden:
-			if haveInput {
-				return wireerr.Errorf(ErrUnknownTensor, "two input tensors")
-			}
-			haveInput = true
-			if err := e.parseInput(w, nt, zstdOK); err != nil {
-				return err
-			}
-		case nameOutputPositions:
-			if err := e.parsePositions(w, nt, zstdOK); err != nil {
-				return err
-			}
-		case nameLogitsTopK:
-			if err := e.parseTopK(w, nt, zstdOK); err != nil {
-				return err
-			}
-		case nameSessionTokens:
-			v, err := e.parseScalar(nt, zstdOK, 1, 1<<30)
-			if err != nil {
-				return err
-			}
-			w.length = v
-		default:
-			return wireerr.Errorf(ErrUnknownTensor, "%.64q", nt.Name)
-		}
-	}
-	if !haveInput {
-		return wireerr.Errorf(ErrMissingTensor, "%s", e.inputName())
-	}
-	return nil
-}
-
-func (e *Engine) inputName() string {
-	if e.info.TokensIn {
-		return nameInputIDs
-	}
-	return nameHidden
-}
-
-// parseInput validates the input tensor of a chunk or decode step.
-func (e *Engine) parseInput(w *work, nt *shardv1.NamedTensor, zstdOK bool) error {
-	if nt.Name != e.inputName() {
-		return wireerr.Errorf(ErrUnknownTensor, "this shard takes %s, got %.64q", e.inputName(), nt.Name)
-	}
-	var tm *receive.Timings
-	if e.obs.on {
-		tm = &w.tm.recv
-	}
-	if err := e.recv.TensorTimed(&w.hidden, nt, zstdOK, tm); err != nil {
-		return err
-	}
-	body := w.hidden.Contiguous(e.pool)
-	elems := int64(1)
-	for _, d := range w.hidden.Shape {
-		elems *= d
-	}
-	if e.info.TokensIn {
-		if w.hidden.DType != shardv1.DType_DTYPE_INT32 || elems != int64(w.tokens) {
-			return wireerr.Errorf(ErrTensorShape, "input_ids must be INT32 with %d elements", w.tokens)
-		}
-		// Decoded into the item's own array, which it keeps from one use
-		// to the next: no alignment copy of the message into a buffer.
-		ids := w.tokenIDs[:0]
-		for i := 0; i+4 <= len(body); i += 4 {
-			id := int32(binary.LittleEndian.Uint32(body[i:]))
-			if id < 0 || int(id) >= e.info.Vocab {
-				return wireerr.Errorf(ErrTokenRange, "token %d, vocabulary %d", id, e.info.Vocab)
-			}
-			ids = append(ids, id)
-		}
-		w.tokenIDs = ids
-		return nil
-	}
-	shape := w.hidden.Shape
-	if len(shape) == 0 || shape[len(shape)-1] != int64(e.info.Hidden) || elems != int64(w.tokens*e.info.Hidden) {
-		return wireerr.Errorf(ErrTensorShape, "hidden_states must be [%d, %d]", w.tokens, e.info.Hidden)
-	}
-	switch w.hidden.DType {
-	case shardv1.DType_DTYPE_BFLOAT16:
-	case shardv1.DType_DTYPE_FLOAT32:
-		w.hiddenF = true
-		body = alignedBody(&w.hidden, body, e.pool)
-	default:
-		return wireerr.Errorf(ErrTensorShape, "hidden_states must be BFLOAT16 or FLOAT32, not %s", w.hidden.DType)
-	}
-	w.hiddenB = body
-	return nil
-}
-
-// parseTopK reads a head's request for compact output: one INT32, K in
-// 1..maxTopK. A last shard then returns, for each output row, the K best
-// logits (logits_top_values, FLOAT32 [rows, K]) and their token ids
-// (logits_top_ids, INT32 [rows, K]), best first by argmax.Better (a larger
-// logit, ties to the lower id), instead of the whole row: 8K bytes instead
-// of 4 x vocab. Greedy needs K = 1, top-k sampling K = k. The request rides
-// in the unit of work itself, so it needs no session state and crosses a
-// relay like any tensor; only a shard that produces logits takes it.
-func (e *Engine) parseTopK(w *work, nt *shardv1.NamedTensor, zstdOK bool) error {
-	if !e.info.LogitsOut {
-		return wireerr.Errorf(ErrUnknownTensor, "%s: this shard returns hidden states", nameLogitsTopK)
-	}
-	k, err := e.parseScalar(nt, zstdOK, 1, maxTopK)
-	if err != nil {
-		return err
-	}
-	w.topK = min(k, e.info.Vocab)
-	return nil
-}
-
-// parseScalar reads a tensor that holds one INT32 in [lo, hi].
-func (e *Engine) parseScalar(nt *shardv1.NamedTensor, zstdOK bool, lo, hi int32) (int, error) {
-	var t stages.Tensor
-	defer t.Reset()
-	if err := e.recv.Tensor(&t, nt, zstdOK); err != nil {
-		return 0, err
-	}
-	body := t.Contiguous(e.pool)
-	if t.DType != shardv1.DType_DTYPE_INT32 || len(body) != 4 {
-		return 0, wireerr.Errorf(ErrTensorShape, "%.64s must be one INT32", nt.Name)
-	}
-	v := int32(binary.LittleEndian.Uint32(body))
-	if v < lo || v > hi {
-		return 0, wireerr.Errorf(ErrTensorShape, "%.64s %d outside %d..%d", nt.Name, v, lo, hi)
-	}
-	return int(v), nil
-}
-
-func (e *Engine) parsePositions(w *work, nt *shardv1.NamedTensor, zstdOK bool) error {
-	var t stages.Tensor
-	defer t.Reset()
-	if err := e.recv.Tensor(&t, nt, zstdOK); err != nil {
-		return err
-	}
-	if t.DType != shardv1.DType_DTYPE_INT32 || t.TotalBytes == 0 || t.TotalBytes > uint64(4*w.tokens) {
-		return wireerr.Errorf(ErrTensorShape, "output_positions must be 1..%d INT32 values", w.tokens)
-	}
-	body := t.Contiguous(e.pool)
-	w.outPos = make([]int32, 0, len(body)/4)
-	for i := 0; i+4 <= len(body); i += 4 {
-		p := int32(binary.LittleEndian.Uint32(body[i:]))
-		if int(p) < w.first || int(p) >= w.first+w.tokens {
-			return wireerr.Errorf(ErrTensorShape, "output position %d outside %d..%d", p, w.first, w.first+w.tokens-1)
-		}
-		w.outPos = append(w.outPos, p)
-	}
-	return nil
 }

@@ -1,0 +1,377 @@
+package engine
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+)
+
+// forwardPlan is a planned forward: items are its rows, by work item.
+type forwardPlan struct {
+	items   []planned // s.planned, valid until the next plan
+	rows    int
+	decodes int           // sessions whose decode step the iteration took in
+	limit   time.Duration // the iteration's time budget (0: none)
+	// preemptible: a prefill-only iteration a decode step may stop.
+	preemptible bool
+}
+
+// planned is one item's share of an iteration: rows [from, from+n).
+type planned struct {
+	w       *work
+	from, n int
+}
+
+// decodeAnchorEvery: one decode iteration in this many runs without
+// prefill rows, so the decode budget's anchor stays measured.
+const decodeAnchorEvery = 32
+
+// decodeBudget is the time an iteration with rows decode rows may take (0
+// while it cannot be known yet, or with no time budget): the set budget,
+// or 1.5x the decode rows' own time (decodeTime).
+func (s *scheduler) decodeBudget(rows int) time.Duration {
+	if b := s.cfg.DecodeBudget; b != 0 {
+		return max(b, 0)
+	}
+	if !s.decodeOnly.t.ok {
+		return 0
+	}
+	t, _ := s.decodeTime(rows)
+	return t * 3 / 2
+}
+
+// decodeTime is the expected time of a forward of rows decode rows alone:
+// the measured time of decode iterations without prefill, moved along the
+// cost model's slope when the row count differs; the cost model's line
+// while nothing is measured.
+func (s *scheduler) decodeTime(rows int) (time.Duration, bool) {
+	if !s.decodeOnly.t.ok {
+		return s.cost.predict(rows)
+	}
+	t := s.decodeOnly.t.v
+	if _, perRow, ok := s.cost.coef(); ok {
+		t += time.Duration(perRow * float64(rows-int(s.decodeOnly.rows.v)) * float64(time.Second))
+	}
+	return max(t, 0), true
+}
+
+// prefillBeside is how many prefill rows fit beside rows decode rows in
+// an iteration that may take limit: the time left after the decode rows'
+// own (decodeTime), at the cost model's price per row. Pricing the decode
+// rows by the line instead (its intercept plus its slope) gave no prefill
+// at all once the line's intercept exceeded what a small decode batch
+// takes, and a worker whose few decoding sessions kept a step queued
+// starved every waiting prompt.
+func (s *scheduler) prefillBeside(rows int, limit time.Duration) int {
+	t, ok := s.decodeTime(rows)
+	if !ok {
+		return 0
+	}
+	return s.cost.fitAfterAtLeast(t, limit, s.besideRow.v)
+}
+
+// plan decides the next iteration at now: decode steps first, then
+// prefill tokens up to the iteration's budget (orderPrefills). It returns
+// the forward to run, if any; refusals and trims it decides are in s.fx,
+// and a time to plan again at (a hold) in s.wake.
+func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
+	decodes, prefills := s.admitHeads()
+	decodes, wait := s.gatherDecodes(now, decodes)
+	if wait {
+		return forwardPlan{}, false
+	}
+	budget, limit, wait := s.iterationBudget(now, decodes, prefills)
+	if wait {
+		return forwardPlan{}, false
+	}
+	if s.cfg.Deterministic {
+		decodes, prefills, budget = s.oneSession(decodes, prefills, budget)
+	}
+	rows := s.fill(now, decodes, prefills, budget)
+	if rows == 0 {
+		return forwardPlan{}, false
+	}
+	s.fwd = forwardPlan{items: s.planned, rows: rows, decodes: len(decodes), limit: limit,
+		preemptible: s.preemptible(now, len(decodes))}
+	return s.fwd, true
+}
+
+// admitHeads admits each session's first unit of work and sorts the
+// admitted into decode steps and prefill chunks; refused heads are answered
+// and dropped, and the next of their session is tried.
+func (s *scheduler) admitHeads() (decodes, prefills []*sessQueue) {
+	decodes, prefills = s.decodes[:0], s.prefills[:0]
+	for i := 0; i < len(s.ring); i++ {
+		q := s.ring[i]
+		for len(q.items) > 0 {
+			switch s.admit(q.items[0]) {
+			case admitRun:
+				if q.items[0].mode == shardv1.CacheMode_CACHE_MODE_DECODE {
+					decodes = append(decodes, q)
+				} else {
+					prefills = append(prefills, q)
+				}
+			case admitDrop:
+				s.pop(q)
+				if len(q.items) == 0 {
+					i-- // pop removed q from the ring
+				}
+				continue
+			}
+			break
+		}
+	}
+	s.decodes, s.prefills = decodes, prefills // keep what they grew to
+	return decodes, prefills
+}
+
+// gatherDecodes applies the gathering rule (--decode-groups): wait while
+// too few of the decoding sessions are ready, and take no more than one
+// group's share, the earliest arrivals first, so uneven groups (18 and 14
+// of 32) even out in one trip instead of the smaller one holding its
+// window every time round. The share applies only while the gatherer
+// counts some session as decoding.
+func (s *scheduler) gatherDecodes(now time.Time, decodes []*sessQueue) ([]*sessQueue, bool) {
+	if len(decodes) == 0 {
+		return decodes, false
+	}
+	cfg := &s.cfg
+	decoding := s.gather.decoding(now, cfg.DecodeQuiet)
+	if wait := s.gather.hold(now, len(decodes), decoding, cfg.DecodeGroups, cfg.GatherWindow, s.cost.predict); wait > 0 {
+		s.wake = now.Add(wait)
+		return nil, true
+	}
+	if g := cfg.DecodeGroups; g > 1 && decoding > 0 {
+		if share := (max(decoding, len(decodes)) + g - 1) / g; len(decodes) > share {
+			decodes = decodes[:share]
+		}
+	}
+	return decodes, false
+}
+
+// iterationBudget is the iteration's token budget, and its time limit when
+// it carries decode steps: the decode rows plus the prefill tokens the cost
+// model predicts fit the decode budget (at least --iteration-tokens), now
+// and then the decode rows alone (to measure them), and a whole prefill
+// budget while the prompts it would finish outnumber the sessions decoding.
+// wait: hold prefill back for a decode step that is due.
+func (s *scheduler) iterationBudget(now time.Time, decodes, prefills []*sessQueue) (budget int, limit time.Duration, wait bool) {
+	cfg := &s.cfg
+	budget = cfg.PrefillIterationTokens
+	switch {
+	case len(decodes) > 0:
+		rows := 0
+		for _, q := range decodes {
+			rows += q.items[0].tokens - q.items[0].done
+		}
+		s.lastDecode, s.lastDecodeRows = now, rows
+		limit = s.decodeBudget(rows)
+		budget = rows + max(cfg.IterationTokens-rows, s.prefillBeside(rows, limit))
+		if (s.sinceDecodeOnly >= decodeAnchorEvery || !s.decodeOnly.t.ok) && cfg.DecodeBudget == 0 {
+			budget = rows
+		}
+		if s.promptsOutnumber(prefills, len(decodes), now) {
+			budget = rows + cfg.PrefillIterationTokens
+		}
+	case now.Sub(s.lastDecode) < cfg.DecodeQuiet:
+		if budget, wait = s.budgetBeforeStep(now, prefills); wait {
+			return 0, 0, true
+		}
+	}
+	return min(budget, s.info.MaxBatch), limit, false
+}
+
+// budgetBeforeStep is a prefill iteration's budget while a decode step is
+// likely on its way: no more than prefill would get beside the step, and no
+// more than ends before the step is due. When not even one token would, it
+// waits for the step, which then runs at once with prefill beside it.
+func (s *scheduler) budgetBeforeStep(now time.Time, prefills []*sessQueue) (int, bool) {
+	cfg := &s.cfg
+	if s.promptsOutnumber(prefills, 0, now) {
+		return cfg.PrefillIterationTokens, false
+	}
+	budget := max(cfg.IterationTokens, s.prefillBeside(s.lastDecodeRows, s.decodeBudget(s.lastDecodeRows)))
+	due, ok := s.gather.due(now)
+	if !ok || cfg.DecodeBudget < 0 {
+		return budget, false
+	}
+	if _, ready := s.cost.predict(1); !ready {
+		return budget, false
+	}
+	n := s.cost.fit(0, due.Sub(now))
+	if n == 0 {
+		if due.Before(now) {
+			due = now
+		}
+		s.wake = due.Add(dueSlack)
+		s.dueWaits++
+		return 0, true
+	}
+	return min(budget, n), false
+}
+
+// oneSession is the deterministic mode's plan: one session's unit of work
+// per forward, whole, round robin over sessions, decode steps and prefill
+// chunks taking turns while both wait, so neither starves the other. Its
+// rows then meet the same kernels, in the same shapes, as alone.
+func (s *scheduler) oneSession(decodes, prefills []*sessQueue, budget int) ([]*sessQueue, []*sessQueue, int) {
+	if len(prefills) > 0 && len(decodes) > 0 {
+		s.prefillTurn = !s.prefillTurn
+		if s.prefillTurn {
+			decodes = nil
+		}
+	}
+	var w *work
+	if len(decodes) > 0 {
+		decodes, prefills = decodes[s.rr%len(decodes):][:1], nil
+		w = decodes[0].items[0]
+	} else if len(prefills) > 0 {
+		prefills = prefills[s.rr%len(prefills):][:1]
+		w = prefills[0].items[0]
+	}
+	s.rr++
+	if w != nil {
+		budget = min(w.tokens-w.done, s.info.MaxBatch)
+	}
+	return decodes, prefills, budget
+}
+
+// fill plans the iteration's rows into s.planned: every decode step that
+// fits, then prefill chunks in orderPrefills' order up to the budget. It
+// returns the rows planned.
+func (s *scheduler) fill(now time.Time, decodes, prefills []*sessQueue, budget int) int {
+	maxBatch := s.info.MaxBatch
+	s.planned = s.planned[:0]
+	rows := 0
+	for _, q := range decodes {
+		w := q.items[0]
+		n := w.tokens - w.done
+		if rows+n > maxBatch || (rows > 0 && rows+n > max(budget, len(decodes))) {
+			continue
+		}
+		s.planned = append(s.planned, planned{w: w, from: w.done, n: n})
+		rows += n
+	}
+	// Decode rows go in in the order of their sessions' KV sequences, not
+	// of their steps' arrival (which changes from step to step): a
+	// session's cells then lie at a steady stride in the shared buffer,
+	// where attention, reading each row's cells in cell order, runs faster
+	// than over cells scattered by arrival order.
+	slices.SortFunc(s.planned, func(a, b planned) int { return a.w.seq - b.w.seq })
+	if len(prefills) > 0 && rows < budget {
+		left := budget - rows
+		orderPrefills(prefills, now)
+		for _, q := range prefills {
+			w := q.items[0]
+			n := min(w.tokens-w.done, left)
+			if n <= 0 {
+				break
+			}
+			s.planned = append(s.planned, planned{w: w, from: w.done, n: n})
+			left -= n
+			rows += n
+		}
+	}
+	for _, p := range s.planned {
+		if p.w.started.IsZero() {
+			p.w.started = now
+			p.w.tm.started = now
+		}
+	}
+	return rows
+}
+
+// preemptible says whether a decode step that arrives during this
+// iteration may stop it instead of waiting for it: only a prefill-only
+// iteration, not twice in a row (or decode steps arriving every few
+// milliseconds would preempt every prefill iteration and prompts would
+// never finish), and not when it brings more sessions to their first token
+// than there are sessions decoding (stopping it would hold back more
+// sessions than it serves).
+func (s *scheduler) preemptible(now time.Time, decodes int) bool {
+	if decodes > 0 || s.preempted {
+		return false
+	}
+	return s.finishing() <= s.gather.active(now, time.Second)
+}
+
+// promptsOutnumber reports whether an iteration of PrefillIterationTokens
+// prompt tokens (in orderPrefills' order) would bring more sessions to
+// their first token than there are sessions decoding: those with a step in
+// this iteration (decodes) or that completed one within the last second.
+// Then the decode budget gives way for the iteration: it protects the
+// decoding few at the cost of the waiting many. Without this, a few
+// sessions decoding in small, fast batches kept the budget for prompt rows
+// beside them near zero, and their steps, always due within a millisecond,
+// kept prefill-only iterations from starting: at 32 sessions the median
+// time to an 8-token prompt's first token was 9.4 s.
+func (s *scheduler) promptsOutnumber(prefills []*sessQueue, decodes int, now time.Time) bool {
+	if s.cfg.Deterministic || len(prefills) <= decodes {
+		return false
+	}
+	decoding := max(decodes, s.gather.active(now, time.Second))
+	if len(prefills) <= decoding {
+		return false
+	}
+	orderPrefills(prefills, now)
+	left, first := s.cfg.PrefillIterationTokens, 0
+	for _, q := range prefills {
+		if left <= 0 {
+			break
+		}
+		w := q.items[0]
+		need := w.tokens - w.done
+		if need <= left && w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL && w.final {
+			first++
+		}
+		left -= min(need, left)
+	}
+	return first > decoding
+}
+
+// finishing counts the planned items that complete a prompt: after them
+// their sessions decode.
+func (s *scheduler) finishing() int {
+	n := 0
+	for _, p := range s.planned {
+		if w := p.w; w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL && w.final && p.from+p.n == w.tokens {
+			n++
+		}
+	}
+	return n
+}
+
+// prefillPatience: a prefill chunk queued for longer than this goes ahead
+// of shorter ones (orderPrefills).
+const prefillPatience = time.Second
+
+// orderPrefills puts the prefill chunks that wait in the order an
+// iteration's prefill tokens go to them: the fewest tokens left first, in
+// order of arrival among equals, so the tokens that bring a session to its
+// first token soonest go first; but a chunk queued for longer than
+// prefillPatience goes ahead, oldest first, so a long prompt is not passed
+// over for ever by short ones. Shares split equally among all waiting
+// chunks (the order before) made a burst of short prompts all finish
+// together, late; in order, the first of them decode sooner (median TTFT
+// at 16 sessions 200 to 86 ms), though the last still waits for every
+// prompt token before it.
+func orderPrefills(prefills []*sessQueue, now time.Time) {
+	slices.SortStableFunc(prefills, func(a, b *sessQueue) int {
+		wa, wb := a.items[0], b.items[0]
+		oldA, oldB := now.Sub(wa.queued) > prefillPatience, now.Sub(wb.queued) > prefillPatience
+		switch {
+		case oldA != oldB:
+			if oldA {
+				return -1
+			}
+			return 1
+		case !oldA:
+			if c := cmp.Compare(wa.tokens-wa.done, wb.tokens-wb.done); c != 0 {
+				return c
+			}
+		}
+		return wa.queued.Compare(wb.queued)
+	})
+}
