@@ -14,24 +14,56 @@
 // stream's reply queue (sized so the flow-control window can never fill it).
 // The scheduler never blocks on a peer.
 //
-// The scheduler runs iterations. Each iteration takes every waiting decode
-// step first (one per session: continuous decode batching across sessions),
-// then fills what is left of the iteration's token budget with prefill
-// tokens, to the chunk with the fewest tokens left first (oldest first
-// once a chunk has waited prefillPatience); a chunk larger than what is
-// left progresses over several iterations. So a long prefill never delays
-// a decode step by more than one bounded iteration, and sessions reach
-// their first token one after another. The decode rows go in in the order
-// of their sessions' KV sequences, so each session's cells keep a steady
-// stride in the shared KV buffer. The decode budget bounds the prefill
-// tokens beside decode rows, except when the prompts waiting outnumber the
-// sessions decoding: then an iteration takes a full prefill iteration's
-// tokens (promptsOutnumber), so a few fast decoders cannot starve them.
+// The scheduler runs iterations: each takes every waiting decode step
+// first (one per session: continuous batching across sessions), then fills
+// what is left of the iteration's token budget with prefill tokens. A long
+// prefill never delays a decode step by more than one bounded iteration.
+// Its rules, each with the serve flag that tunes it, the metric that shows
+// it (Prometheus names: dots become underscores) and the test that pins it:
+//
+//	rule                                        flag                       metric                               test
+//	decode steps first, one forward for all     --iteration-tokens         shardd.batch.rows                    TestPlanDecodeFirstPrefillBeside
+//	prefill beside decode within the decode     --decode-budget            shardd.decode_budget.iterations,     TestPlanDecodeBudgetPacking,
+//	  budget, priced by the measured cost                                  shardd.decode_budget.kept,           TestPlanBudgetPricesTheMargin,
+//	  model (cost.go)                                                      shardd.cost.base, .per_row           TestPlanBesideRowsPricedAsMeasured
+//	decode rows alone every 32nd iteration,     -                          shardd.cost.per_row                  TestPlanFirstDecodeAnchors
+//	  to keep their own time measured
+//	prefill: fewest tokens left first, oldest   -                          -                                    TestPlanPrefillShortestFirst,
+//	  first once a chunk waited 1 s                                                                             TestPlanPrefillPatience
+//	prefill-only iterations take this many      --prefill-iteration-tokens shardd.batch.rows                    TestPlanPrefillShortestFirst
+//	prompts that would reach their first token  --prefill-iteration-tokens -                                    TestPlanPromptsOutnumberDecoders
+//	  outnumber the decoders: a whole prefill
+//	  budget beside the decode rows
+//	no prefill that would delay a due decode    --decode-quiet             shardd.decode_due.waits              TestPlanWaitsForDueDecode
+//	  step; wait for the step instead
+//	gather: wait until 1/N of the decoding      --decode-groups,           shardd.gather.holds, .held,          TestGatherHolds,
+//	  sessions are ready, take one group's        --gather-window            shardd.gather.expired                TestPlanDecodeGroupShare,
+//	  share; prompt-only sessions not counted                                                                   TestPlanHoldIgnoresPromptOnlySessions
+//	decode rows in KV sequence order            -                          -                                    TestPlanDecodeRowsInSequenceOrder
+//	a decode step stops a prefill-only          -                          shardd.preemptions                   TestPlanPreemption,
+//	  iteration; not twice in a row, nor one                                                                    TestPlanBurstNotPreempted,
+//	  that finishes more prompts than decode                                                                    TestDecodePreemptsPrefill
+//	no forward over the batch size              --max-batch                shardd.batch.occupancy               TestPlanBatchFull
+//	deterministic: one session's unit per       --deterministic            -                                    TestPlanDeterministicTurns
+//	  forward, round robin, decode and
+//	  prefill taking turns
+//	a session reserves its stated length at     --max-sessions,            shardd.sessions.admitted,            TestReservedAdmission
+//	  its first prefill or is refused             --ctx-tokens               shardd.sessions.refused
+//	  (retryable)
+//	an admitted session's step takes cells      --evict-grace              shardd.sessions.preempted,           TestAdmittedSessionsOutgrowKV,
+//	  from idle sessions (declared CACHE_MISS)                             shardd.sessions.reprefilled,         TestPlanEvictionSparesQueuedWork
+//	  and never from one with queued work                                  shardd.evictions
+//	a full queue refuses, never blocks          --max-queue                shardd.queue.depth                   TestQueueFull
+//	repeated steps answered from the results    --results-cache-bytes      shardd.results.bytes                 TestOnlyRecentResultsKept,
+//	  cache, never re-applied                                                                                   TestPlanCancelAndDuplicate
+//	a newer epoch supersedes; an older one is   -                          shardd.errors                        TestNewerEpochSupersedes
+//	  EPOCH_STALE
+//	idle sessions expire                        --session-ttl              shardd.evictions                     TestEvictedSessionMisses
 //
 // The scheduler is a state with a driver, as etcd's raft is built. The
-// state (scheduler.go: session queues, admission against the session
-// store, the results cache, the cost model, the decode budget, the
-// gathering rule) holds no backend, engine or clock of its own. It changes
+// state (scheduler.go; plan.go: planning; admission.go: admission and the
+// results cache; outcome.go: taking in a forward's result; cancel.go)
+// holds no backend, engine or clock of its own. It changes
 // only in enqueue, the control operations, plan(now), which returns the
 // next forward to run, and advance(outcome), which takes in how that
 // forward went and its output; each records what it asks of the world
