@@ -203,7 +203,7 @@ func rawPingPong(b *testing.B, req []byte, replyBytes int) {
 // hidden row (768) in, one row of f32 logits (32,000: 128 KB) back, through
 // a worker with a no-op backend, against a raw gRPC ping-pong of the same
 // sizes, in the same run. It is the wire's floor under a real route's last
-// hop (see PERF.md, Route).
+// hop (see PERF.md).
 func BenchmarkLogitsHop(b *testing.B) {
 	const hidden, vocab = 768, 32000
 	b.Run("shardd", func(b *testing.B) {

@@ -56,8 +56,7 @@ type scheduler struct {
 	// and every decodeAnchorEvery-th after run without prefill, to take
 	// the anchor and keep it fresh. (Until the first, the budget was
 	// unknown and prefill beside decode rows got IterationTokens only: a
-	// burst of 32 prompts took 15 iterations of 4 rows to start, PERF.md
-	// "A burst's start".)
+	// burst of 32 prompts took 15 iterations of 4 rows to start.)
 	decodeOnly      struct{ t, rows ewma }
 	sinceDecodeOnly int
 	// besideRow is the measured cost of a prefill row beside decode rows:

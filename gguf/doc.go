@@ -12,6 +12,19 @@
 // keeps output_norm and the output head (its output is logits); a middle shard
 // carries a one-token zero embedding and a ones output_norm, which the loader
 // requires but which are never used, and no tokenizer.
+//
+// Adding an architecture. Read its graph builder in llama.cpp
+// (llama/llama.cpp/src/models/<arch>.cpp in the ollama module) for three
+// things: the residual after each block must be tagged l_out (the capture
+// point); nothing but that residual and each layer's own KV may cross from
+// one layer to the next (no per-model state such as Gemma 3n's AltUp
+// streams); and an injected embd input must enter layer 0 as it is (check
+// what the builder does to inpL when ubatch.token is null: Gemma 2 scales
+// it, which a shard cannot undo bit for bit). Hyperparameters set from the
+// layer index (set_swa_pattern, n_layer_dense_lead, ...) decide where a
+// shard may start (Meta.Align). Then add the name to SupportedArchs and its
+// tensors to Generate, and run `shardd verify` on a generated model:
+// verify/arch_test.go and route/arch_e2e_test.go pick it up.
 package gguf
 
 // Metadata keys written by Split.

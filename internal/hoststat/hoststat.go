@@ -8,8 +8,7 @@
 // thousands of pages and clears their accessed bits. With a model's pages
 // mapped and in use, that takes it tens of milliseconds of CPU a sample,
 // and the llama.cpp forwards running meanwhile, and just after, take
-// several times their usual time (PERF.md, "What sets the decode p99 on
-// these machines"). A latency p99 measured over a few seconds is then the
+// several times their usual time (PERF.md, noise). A latency p99 measured over a few seconds is then the
 // host's, not shardd's.
 package hoststat
 
