@@ -77,7 +77,7 @@ func StartTargets(ctx context.Context, sp Spawn) (*Spawned, error) {
 }
 
 func (s *Spawned) startRoute(ctx context.Context, sp Spawn) error {
-	if len(sp.Threads) != len(sp.Shards) || len(sp.Ranges) != len(sp.Shards) || (sp.CPUs != nil && len(sp.CPUs) != len(sp.Shards)) {
+	if len(sp.Threads) != len(sp.Shards) || len(sp.Ranges) != len(sp.Shards) || (len(sp.CPUs) > 0 && len(sp.CPUs) != len(sp.Shards)) {
 		return fmt.Errorf("load: %d shards, %d ranges, %d thread counts, %d CPU sets", len(sp.Shards), len(sp.Ranges), len(sp.Threads), len(sp.CPUs))
 	}
 	t := Target{Name: "route", SpanFlush: time.Second}
@@ -88,7 +88,7 @@ func (s *Spawned) startRoute(ctx context.Context, sp Spawn) error {
 		if u, ok := sp.Relayed[i]; ok {
 			w.Args = append(slices.Clone(sp.ServeArgs), "--relay", u)
 		}
-		if sp.CPUs != nil {
+		if len(sp.CPUs) > 0 {
 			w.CPUs = sp.CPUs[i]
 			info.CPUs = append(info.CPUs, IntsString(w.CPUs))
 		}
@@ -130,7 +130,7 @@ func (s *Spawned) startBaseline(ctx context.Context, sp Spawn, b Baseline) error
 	}
 	w := WorkerSpec{Model: sp.Model, Name: name, Threads: b.Threads, Args: sp.ServeArgs, CPUs: b.CPUs}
 	info := TargetInfo{Name: name, Ranges: []string{fmt.Sprintf("0:%d", meta.BlockCount)}, Threads: []int{b.Threads}}
-	if b.CPUs != nil {
+	if len(b.CPUs) > 0 {
 		info.CPUs = []string{IntsString(b.CPUs)}
 	}
 	t := Target{Name: name, SpanFlush: time.Second}
