@@ -106,8 +106,8 @@ vet: deps
 ## unit: every test with the race detector and the bufpool invariants on,
 ## then, without -race, the packages whose numeric tests (a forward's
 ## numbers through llama.cpp on real models and every architecture) the race
-## pass skips: their Go loops run five times slower under -race and check
-## no concurrency the other tests do not (internal/race.Numeric).
+## pass skips: they take twice as long under -race and check no
+## concurrency the other tests do not (internal/race.Numeric).
 NUMERIC_PKGS := ./verify ./route
 unit: deps llama models
 	$(GO) test -race -tags invariants -timeout 30m ./...

@@ -124,7 +124,7 @@ func startLlama(t testing.TB, path string, cfg Config) *worker {
 	if seqs == 0 {
 		seqs = 4
 	}
-	be, err := llamacpp.OpenMeta(llamacpp.Config{Path: path, Threads: 2, MaxSeqs: seqs + 1, CtxTokens: 256, MaxBatch: 64}, meta)
+	be, err := llamacpp.OpenMeta(llamacpp.Config{Path: path, Threads: 1, MaxSeqs: seqs + 1, CtxTokens: 256, MaxBatch: 64}, meta)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	defer tel.Shutdown(context.Background())
 	meta, _ := gguf.Read(whole)
-	be, err := llamacpp.OpenMeta(llamacpp.Config{Path: whole, Threads: 2, MaxSeqs: 3, CtxTokens: 128, MaxBatch: 32}, meta)
+	be, err := llamacpp.OpenMeta(llamacpp.Config{Path: whole, Threads: 1, MaxSeqs: 3, CtxTokens: 128, MaxBatch: 32}, meta)
 	if err != nil {
 		t.Fatal(err)
 	}

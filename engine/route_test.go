@@ -86,7 +86,7 @@ func TestRouteStateSurvivesRetries(t *testing.T) {
 	whole, shards := tinyFiles(t)
 	cfg := Config{Boundary: shardv1.DType_DTYPE_FLOAT32}
 	wa, wb := startLlama(t, shards[0], cfg), startLlama(t, shards[1], cfg)
-	full, err := llamacpp.Open(llamacpp.Config{Path: whole, Threads: 2, MaxSeqs: 1, CtxTokens: 256, MaxBatch: 64})
+	full, err := llamacpp.Open(llamacpp.Config{Path: whole, Threads: 1, MaxSeqs: 1, CtxTokens: 256, MaxBatch: 64})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func TestRealModelRoutes(t *testing.T) {
 						round = append(round, r.End-1)
 					}
 				}
-				want, err := verify.Greedy(model, prompt, n, 2, round...)
+				want, err := verify.Greedy(model, prompt, n, 1, round...)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -52,7 +52,7 @@ func TestGenerationSpanTree(t *testing.T) {
 	var engines []*engine.Engine
 	for i, s := range shards {
 		meta, _ := gguf.Read(s)
-		be, err := llamacpp.OpenMeta(llamacpp.Config{Path: s, Threads: 2, MaxSeqs: 3, CtxTokens: 128, MaxBatch: 32}, meta)
+		be, err := llamacpp.OpenMeta(llamacpp.Config{Path: s, Threads: 1, MaxSeqs: 3, CtxTokens: 128, MaxBatch: 32}, meta)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -33,7 +33,7 @@ func TestArchitectures(t *testing.T) {
 			if strings.HasSuffix(name, "q4_K_M") && !strings.Contains(meta.FileType, "q4_k") {
 				t.Fatalf("weights %q: no q4_K tensors", meta.FileType)
 			}
-			results, err := Run(Config{Model: model, Splits: []int{2, 3}, WorkDir: filepath.Join(dir, name), Threads: 2})
+			results, err := Run(Config{Model: model, Splits: []int{2, 3}, WorkDir: filepath.Join(dir, name), Threads: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -35,7 +35,7 @@ func TestRealModels(t *testing.T) {
 			if meta.Arch != tc.arch || meta.VocabSize != tc.vocab {
 				t.Fatalf("%s: arch %q vocab %d, want %q %d", tc.name, meta.Arch, meta.VocabSize, tc.arch, tc.vocab)
 			}
-			results, err := Run(Config{Model: model, Splits: []int{2, 3}, WorkDir: filepath.Join(t.TempDir(), tc.name), Threads: 2})
+			results, err := Run(Config{Model: model, Splits: []int{2, 3}, WorkDir: filepath.Join(t.TempDir(), tc.name), Threads: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

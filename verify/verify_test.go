@@ -30,7 +30,7 @@ func TestSplitMatchesWholeModel(t *testing.T) {
 	for _, seed := range []uint64{1, 3, 7} {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			dir := t.TempDir()
-			results, err := Run(Config{Model: tinyModel(t, dir, seed), Splits: []int{2, 3}, WorkDir: dir, Threads: 2, Log: t.Logf})
+			results, err := Run(Config{Model: tinyModel(t, dir, seed), Splits: []int{2, 3}, WorkDir: dir, Threads: 1, Log: t.Logf})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -71,7 +71,7 @@ func TestOneULPIsSeen(t *testing.T) {
 		}
 	}
 	defer func() { Corrupt = nil }()
-	results, err := Run(Config{Model: model, Splits: []int{2}, WorkDir: dir, Threads: 2, Boundaries: []Boundary{BF16}})
+	results, err := Run(Config{Model: model, Splits: []int{2}, WorkDir: dir, Threads: 1, Boundaries: []Boundary{BF16}})
 	if err != nil {
 		t.Fatal(err)
 	}

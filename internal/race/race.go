@@ -9,10 +9,10 @@ type T interface {
 }
 
 // Numeric marks a test that compares a forward's numbers through llama.cpp
-// (large vocabularies, many layers): under -race its Go loops run about
-// five times slower, and it checks no concurrency that the race pass's
-// other tests do not, so it is skipped there and `make unit` runs it in
-// its pass without -race.
+// (real models, every architecture): under -race it takes about twice as
+// long and checks no concurrency that the race pass's other tests do not,
+// so it is skipped there and `make unit` runs it in its pass without
+// -race.
 func Numeric(t T) {
 	t.Helper()
 	if Enabled {
