@@ -7,7 +7,7 @@ MODULE := github.com/meshnet/shardd
 
 # llama.cpp and ggml come from the sources in the pinned ollama module. They
 # are compiled once per machine into a static library (scripts/llama-lib.sh,
-# cached under ~/.cache/shardd/llama/<key>, shared by every clone) that every
+# kept beside Go's build cache and shared by every clone) that every
 # Go build mode links: plain, -race and fuzz builds compile only Go and the
 # small shim. -march=native by default; override for portable builds, e.g.
 #   make build MARCH=x86-64-v3
@@ -103,24 +103,17 @@ vet: deps
 	  if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 
-## unit: every test with the race detector and the bufpool invariants on,
-## then, without -race, the packages whose numeric tests (a forward's
-## numbers through llama.cpp on real models and every architecture) the race
-## pass skips: they take twice as long under -race and check no
-## concurrency the other tests do not (internal/race.Numeric).
-NUMERIC_PKGS := ./verify ./route
+## unit: every test with the race detector and the bufpool invariants on.
 unit: deps llama models
 	$(GO) test -race -tags invariants -timeout 30m ./...
-	$(GO) test -tags invariants -timeout 30m $(NUMERIC_PKGS)
 
-## fuzz: each fuzz target for FUZZTIME (10s in CI; try FUZZTIME=5m locally).
-## Targets in packages that link llama.cpp (marked :race) run with the race
-## detector, so they reuse the build unit already made (llama.cpp is
-## compiled once); the rest run without it (Go's fuzz coordinator times out
-## slow -race workers: "context deadline exceeded").
+## fuzz: each fuzz target for FUZZTIME (10s in CI; try FUZZTIME=5m locally),
+## without the race detector (Go's fuzz coordinator times out slow -race
+## workers, and every target's seed corpus already runs under -race in
+## `unit`): one fuzz build of the dependencies serves every target.
 FUZZ_TARGETS := ./stages/receive:FuzzReceive ./stages/checksum:FuzzUpdate \
   ./stages/decode:FuzzCodecDecode ./stages/decode:FuzzSplicedEncoder \
-  ./frames:FuzzServer ./engine:FuzzSession:race ./route:FuzzHeadResponse:race ./route:FuzzHeadCompact:race
+  ./frames:FuzzServer ./engine:FuzzSession ./route:FuzzHeadResponse ./route:FuzzHeadCompact
 ## Every target runs with -fuzzminimizetime $(FUZZMINIMIZE) (10x): targets
 ## that run a server in the process (FuzzSession, FuzzServer,
 ## FuzzHeadResponse) have coverage that other goroutines make flaky, so
@@ -131,14 +124,13 @@ FUZZ_TARGETS := ./stages/receive:FuzzReceive ./stages/checksum:FuzzUpdate \
 ## input is Go's coordinator giving up on a worker it was (re)starting at
 ## the deadline, which a loaded machine provokes; it is run once more.
 fuzz: deps llama
-	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; rest=$${t#*:}; fn=$${rest%%:*}; \
-	  race=; case "$$rest" in *:race) race=-race;; esac; \
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t#*:}; \
 	  echo "fuzz: $$fn ($(FUZZTIME))"; \
-	  out=$$($(GO) test $$race -tags invariants -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$pkg 2>&1); rc=$$?; echo "$$out"; \
+	  out=$$($(GO) test -tags invariants -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$pkg 2>&1); rc=$$?; echo "$$out"; \
 	  if [ $$rc -ne 0 ]; then \
 	    if echo "$$out" | grep -q 'context deadline exceeded' && ! echo "$$out" | grep -q 'Failing input'; then \
 	      echo "fuzz: $$fn: the coordinator timed out a worker at the deadline; once more"; \
-	      $(GO) test $$race -tags invariants -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$pkg || exit 1; \
+	      $(GO) test -tags invariants -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$pkg || exit 1; \
 	    else exit 1; fi; \
 	  fi; done
 

@@ -16,10 +16,9 @@ set -eu
 : "${GO:=go}"
 total=0
 for t in "$@"; do
-  # Without the race detector unless FUZZLONG_RACE=1: make test fuzzes
-  # the same targets under it; here executions count.
-  pkg=${t%%:*}; rest=${t#*:}; fn=${rest%%:*}; race=
-  case "$rest" in *:race) [ "${FUZZLONG_RACE:-0}" = 1 ] && race=-race;; esac
+  # Without the race detector unless FUZZLONG_RACE=1: executions count.
+  pkg=${t%%:*}; fn=${t#*:}; race=
+  [ "${FUZZLONG_RACE:-0}" = 1 ] && race=-race
   log=$(mktemp)
   if ! $GO test $race -tags invariants -run '^$' -fuzz "^$fn\$" -fuzztime "$FUZZLONG" -fuzzminimizetime "$FUZZMINIMIZE" "$pkg" >"$log" 2>&1; then
     cat "$log"; rm -f "$log"; exit 1

@@ -11,9 +11,12 @@
 # GOOS/GOARCH, with the same flags: CGO_CPPFLAGS/CGO_CFLAGS/CGO_CXXFLAGS from
 # the environment first, then the package's own directives.
 #
-# The folder is ${SHARDD_CACHE:-~/.cache/shardd}/llama/<key>. The key hashes
-# this script, the module version, the compilers, the flags and the platform,
-# and not the checkout's path, so every clone on the machine shares one build.
+# The folder is $SHARDD_LLAMA_CACHE/<key>, by default beside Go's build
+# cache, $(go env GOCACHE)/shardd-llama/<key>: whatever keeps Go's build
+# cache between runs (a CI cache) keeps the library too; Go's own trimming
+# leaves it alone. The key hashes this script, the module version, the
+# compilers, the flags and the platform, and not the checkout's path, so
+# every clone on the machine shares one build.
 # Compiler output (pages of third-party warnings) goes to build.log beside it
 # and is shown only when V=1 or when a compile fails.
 set -euo pipefail
@@ -49,7 +52,7 @@ key=$( {
 	"$cc" --version | head -1
 	"$cxx" --version | head -1
 } | sha256sum | cut -c1-16)
-out=${SHARDD_CACHE:-$HOME/.cache/shardd}/llama/$key
+out=${SHARDD_LLAMA_CACHE:-$($GO env GOCACHE)/shardd-llama}/$key
 
 if [ "${1:-}" = --dir ]; then
 	echo "$out"
