@@ -58,6 +58,12 @@ type WorkloadInfo struct {
 	Seed            uint64  `json:"seed"`
 	Rounds          int     `json:"rounds"`
 	SLO             string  `json:"slo,omitempty"`
+	// Prefixes shared system prompts of PrefixLen tokens, Turns per
+	// conversation, and the gamma shape of open-loop arrivals (Workload).
+	Prefixes   int     `json:"shared_prefixes,omitempty"`
+	PrefixLen  int     `json:"prefix_len,omitempty"`
+	Turns      int     `json:"turns,omitempty"`
+	Burstiness float64 `json:"burstiness,omitempty"`
 }
 
 // TargetInfo describes a target.
@@ -215,6 +221,20 @@ func (r *Report) WriteJSON(path string) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
+// writeTurns prints each run's TTFT p50 by turn of its conversations.
+func (r *Report) writeTurns(w io.Writer) {
+	for _, s := range r.Runs {
+		if len(s.TurnTTFT) == 0 {
+			continue
+		}
+		parts := make([]string, len(s.TurnTTFT))
+		for i, v := range s.TurnTTFT {
+			parts[i] = fmt.Sprintf("%d: %s", i+1, msf(v))
+		}
+		fmt.Fprintf(w, "TTFT p50 by turn, %s: %s\n", s.Label, strings.Join(parts, ", "))
+	}
+}
+
 // WriteText prints the summary tables.
 func (r *Report) WriteText(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
@@ -225,6 +245,7 @@ func (r *Report) WriteText(w io.Writer) {
 			msf(s.TPOT.P50), msf(s.E2E.P99), s.Goodput, s.HarnessCPUPerTokenMicros)
 	}
 	tw.Flush()
+	r.writeTurns(w)
 	r.writeHost(w)
 	fmt.Fprintln(w, "\nper hop, decode steps (exec: the worker's own execution; wire: the head's wait beyond it; out: payload bytes the hop returned per generated token)")
 	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)

@@ -61,6 +61,7 @@ type recorder struct {
 	on             bool       // the measured phase is running
 	start          time.Time
 	ttft, itl      hist
+	turnTTFT       []hist // per turn of a conversation, with Turns
 	tpot, e2e      hist
 	hopExec        []hist
 	hopWire        []hist
@@ -115,6 +116,7 @@ func (r *recorder) observe(s route.StepSample) {
 type reqTrace struct {
 	arrival time.Time
 	times   []time.Time
+	turn    int // the turn of its conversation, from 0
 }
 
 // finish records a measured request.
@@ -150,6 +152,9 @@ func (r *recorder) finish(tr *reqTrace, st route.Stats, err error, slo SLO) {
 	r.lastDone = end
 	ttft := tr.times[0].Sub(tr.arrival)
 	r.ttft.record(ttft)
+	if tr.turn < len(r.turnTTFT) {
+		r.turnTTFT[tr.turn].record(ttft)
+	}
 	e2e := end.Sub(tr.arrival)
 	r.e2e.record(e2e)
 	var maxITL, tpot time.Duration
@@ -200,6 +205,9 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 		c.Close()
 	}
 	rec := newRecorder(len(t.Addrs))
+	for range w.Turns {
+		rec.turnTTFT = append(rec.turnTTFT, newHist())
+	}
 	ro := opts.Route
 	ro.CompactLogits = ro.CompactLogits || t.CompactLogits
 	ro.Observe = rec.observe
@@ -300,8 +308,12 @@ func drive(ctx context.Context, rt *route.Route, w Workload, opts RunOptions, re
 		deadline = over
 	}
 	var issued atomic.Int64
-	// next hands out the next request index, or false when the phase's
-	// arrivals are over.
+	// next hands out the next conversation's index (a request's, with one
+	// turn each), or false when the phase's arrivals are over.
+	convs := w.Requests
+	if t := w.turns(); t > 1 && convs > 0 {
+		convs = (convs + t - 1) / t
+	}
 	next := func() (int, bool) {
 		select {
 		case <-deadline:
@@ -311,20 +323,23 @@ func drive(ctx context.Context, rt *route.Route, w Workload, opts RunOptions, re
 		default:
 		}
 		i := int(issued.Add(1)) - 1
-		if w.Requests > 0 && i >= w.Requests {
+		if convs > 0 && i >= convs {
 			return 0, false
 		}
-		if rec != nil && w.Requests > 0 && i == w.Requests-1 {
+		if rec != nil && convs > 0 && i == convs-1 {
 			rec.arrivalsOver(time.Now())
 		}
 		return i, true
 	}
-	one := func(i int, arrival time.Time) {
-		tr := &reqTrace{arrival: arrival}
-		req := w.request(base + i)
+	one := func(req route.Request, arrival time.Time, turn int) []int32 {
+		tr := &reqTrace{arrival: arrival, turn: turn}
 		tr.times = make([]time.Time, 0, req.MaxTokens)
-		st, err := rt.Generate(ctx, req, func(int32) error {
+		var out []int32
+		st, err := rt.Generate(ctx, req, func(tok int32) error {
 			tr.times = append(tr.times, time.Now())
+			if w.Turns > 1 {
+				out = append(out, tok)
+			}
 			return nil
 		})
 		if err == nil && len(tr.times) != req.MaxTokens {
@@ -332,6 +347,28 @@ func drive(ctx context.Context, rt *route.Route, w Workload, opts RunOptions, re
 		}
 		if rec != nil && ctx.Err() == nil {
 			rec.finish(tr, st, err, w.SLO)
+		}
+		return out
+	}
+	// conversation runs conversation c's turns one after another, each
+	// sending the history so far and its own message; arrival is its
+	// first turn's.
+	conversation := func(c int, arrival time.Time) {
+		first := base + c*w.turns()
+		req := w.request(first)
+		history := slices.Clone(req.Prompt)
+		for t := range w.turns() {
+			if t > 0 {
+				req = w.message(first + t)
+				req.Prompt = slices.Concat(history, req.Prompt)
+				history = req.Prompt
+				arrival = time.Now()
+			}
+			out := one(req, arrival, t)
+			if ctx.Err() != nil {
+				return
+			}
+			history = slices.Concat(history, out)
 		}
 	}
 	var wg sync.WaitGroup
@@ -343,7 +380,7 @@ func drive(ctx context.Context, rt *route.Route, w Workload, opts RunOptions, re
 					if !ok {
 						return
 					}
-					one(i, time.Now())
+					conversation(i, time.Now())
 				}
 			})
 		}
@@ -383,7 +420,7 @@ func drive(ctx context.Context, rt *route.Route, w Workload, opts RunOptions, re
 		arrival := at
 		wg.Go(func() {
 			defer inflight.Add(-1)
-			one(i, arrival)
+			conversation(i, arrival)
 		})
 	}
 	wg.Wait()
@@ -474,6 +511,9 @@ func (r *recorder) summary(t Target, w Workload, label string) *Summary {
 			h.Addr = t.Addrs[i]
 		}
 		s.Hops = append(s.Hops, h)
+	}
+	for _, h := range r.turnTTFT {
+		s.TurnTTFT = append(s.TurnTTFT, h.dist(false).P50)
 	}
 	s.ITLSeries = slices.Clone(r.itlSeries.pts)
 	sort.Slice(s.ITLSeries, func(a, b int) bool { return s.ITLSeries[a][0] < s.ITLSeries[b][0] })

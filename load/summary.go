@@ -107,9 +107,12 @@ type Summary struct {
 	Goodput float64 `json:"goodput"`
 
 	TTFT Dist `json:"ttft"`
-	ITL  Dist `json:"itl"`
-	TPOT Dist `json:"tpot"`
-	E2E  Dist `json:"e2e"`
+	// TurnTTFT is the TTFT p50 of each turn of the conversations, in
+	// milliseconds (Workload.Turns).
+	TurnTTFT []float64 `json:"turn_ttft_p50_ms,omitempty"`
+	ITL      Dist      `json:"itl"`
+	TPOT     Dist      `json:"tpot"`
+	E2E      Dist      `json:"e2e"`
 
 	Hops []HopSummary `json:"hops"`
 	// Stages: per hop (in route order) the worker's per-stage span

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -104,6 +106,22 @@ type Workload struct {
 	// Lengths.Output; Lengths.Prompt and Pairs are not used.
 	Prompts [][]int32
 	SLO     SLO
+	// Prefixes, when positive, is a number of shared system prompts of
+	// PrefixLen tokens each (drawn from Seed); every request starts with
+	// one of them, drawn with its own seed, then its own prompt: vLLM's
+	// prefix-repetition workload.
+	Prefixes, PrefixLen int
+	// Burstiness is the shape of the gamma distribution of open-loop
+	// arrival gaps (mean 1/Rate): 0 or 1 is a Poisson process, below 1
+	// burstier, above 1 steadier (vLLM's --burstiness).
+	Burstiness float64
+	// Turns, above 1, makes requests the turns of conversations: turn t of
+	// a conversation sends the whole history (its first prompt, every
+	// earlier turn's generated tokens and new messages) and then its own
+	// new message (the workload's prompt, without a prefix). A
+	// conversation's turns run one after another in one slot of the loop;
+	// Requests counts turns.
+	Turns int
 }
 
 // Check reports what makes w unusable.
@@ -119,6 +137,12 @@ func (w Workload) Check() error {
 		return fmt.Errorf("%w: give a number of requests or a duration", ErrInput)
 	case w.Vocab < 2:
 		return fmt.Errorf("%w: vocabulary of %d tokens", ErrInput, w.Vocab)
+	case w.Prefixes < 0 || (w.Prefixes > 0 && w.PrefixLen < 1):
+		return fmt.Errorf("%w: %d shared prefixes of %d tokens", ErrInput, w.Prefixes, w.PrefixLen)
+	case w.Burstiness < 0:
+		return fmt.Errorf("%w: burstiness must not be negative", ErrInput)
+	case w.Turns < 0:
+		return fmt.Errorf("%w: turns must not be negative", ErrInput)
 	}
 	for i, r := range [][2]int{w.Lengths.Prompt, w.Lengths.Output} {
 		if i == 0 && len(w.Prompts) > 0 {
@@ -140,6 +164,27 @@ func (w Workload) Check() error {
 // lengths and sampling seed on every target, so targets are compared on the
 // same work. Warm-up requests use indices after every measured one.
 func (w Workload) request(i int) route.Request {
+	req := w.message(i)
+	if w.Prefixes > 0 {
+		rng := rand.New(rand.NewPCG(w.Seed, uint64(i)^0x5eed_0f_7e_f1ce))
+		req.Prompt = slices.Concat(w.prefix(rng.IntN(w.Prefixes)), req.Prompt)
+	}
+	return req
+}
+
+// prefix is shared system prompt k.
+func (w Workload) prefix(k int) []int32 {
+	rng := rand.New(rand.NewPCG(w.Seed^0x9e3779b97f4a7c15, uint64(k)))
+	p := make([]int32, w.PrefixLen)
+	for j := range p {
+		p[j] = int32(1 + rng.IntN(w.Vocab-1))
+	}
+	return p
+}
+
+// message is request i without a shared prefix: its own prompt, output
+// length and sampling.
+func (w Workload) message(i int) route.Request {
 	rng := rand.New(rand.NewPCG(w.Seed, uint64(i)))
 	var p, o int
 	if len(w.Prompts) > 0 {
@@ -164,9 +209,26 @@ func (w Workload) request(i int) route.Request {
 	return route.Request{Prompt: prompt, MaxTokens: o, Sampling: s}
 }
 
+// turns is how many requests a conversation has (1 without Turns).
+func (w Workload) turns() int { return max(w.Turns, 1) }
+
 // PromptLens is the shortest and longest prompt the workload sends, in
 // tokens.
 func (w Workload) PromptLens() [2]int {
+	r := w.messageLens()
+	if w.Prefixes > 0 {
+		r = [2]int{r[0] + w.PrefixLen, r[1] + w.PrefixLen}
+	}
+	if t := w.turns(); t > 1 {
+		// The last turn carries every message and every earlier answer.
+		r[1] += (t - 1) * (w.messageLens()[1] + w.Lengths.Output[1])
+	}
+	return r
+}
+
+// messageLens is the shortest and longest message (a prompt without a
+// shared prefix or history).
+func (w Workload) messageLens() [2]int {
 	switch {
 	case len(w.Prompts) > 0:
 		r := [2]int{len(w.Prompts[0]), len(w.Prompts[0])}
@@ -184,11 +246,40 @@ func (w Workload) PromptLens() [2]int {
 	return w.Lengths.Prompt
 }
 
-// arrivals returns the gaps between open-loop arrivals, exponentially
-// distributed with mean 1/Rate, from the workload's seed.
+// arrivals returns the gaps between open-loop arrivals, from the
+// workload's seed: gamma distributed with shape Burstiness and mean
+// 1/Rate (exponential, a Poisson process, at 0 or 1).
 func (w Workload) arrivals() func() time.Duration {
 	rng := rand.New(rand.NewPCG(w.Seed, 0xa771))
+	k := w.Burstiness
+	if k == 0 || k == 1 {
+		return func() time.Duration {
+			return time.Duration(rng.ExpFloat64() / w.Rate * float64(time.Second))
+		}
+	}
 	return func() time.Duration {
-		return time.Duration(rng.ExpFloat64() / w.Rate * float64(time.Second))
+		return time.Duration(gamma(rng, k) / (k * w.Rate) * float64(time.Second))
+	}
+}
+
+// gamma draws from the gamma distribution of shape k and scale 1
+// (Marsaglia and Tsang's method; shapes below 1 by boosting).
+func gamma(rng *rand.Rand, k float64) float64 {
+	if k < 1 {
+		return gamma(rng, k+1) * math.Pow(rng.Float64(), 1/k)
+	}
+	d := k - 1.0/3
+	c := 1 / math.Sqrt(9*d)
+	for {
+		x := rng.NormFloat64()
+		v := 1 + c*x
+		if v <= 0 {
+			continue
+		}
+		v = v * v * v
+		u := rng.Float64()
+		if u < 1-0.0331*x*x*x*x || math.Log(u) < 0.5*x*x+d*(1-v+math.Log(v)) {
+			return d * v
+		}
 	}
 }

@@ -69,8 +69,8 @@ type benchFlags struct {
 	promptLen, outputLen, lengths, prompts, tokenizer, sweep, slo, budget, relayHops     string
 	json, html, compact, workDir                                                         string
 	unsplit, stages, quiet                                                               bool
-	concurrency, requests, warmup, topK, rounds                                          int
-	rate, temperature, topP                                                              float64
+	concurrency, requests, warmup, topK, rounds, prefixes, prefixLen, turns              int
+	rate, temperature, topP, burstiness                                                  float64
 	duration, relayLatency, stepTimeout                                                  time.Duration
 	seed                                                                                 uint64
 	links                                                                                listFlag
@@ -112,6 +112,10 @@ func (f *benchFlags) addTargetFlags(fs *flag.FlagSet) {
 func (f *benchFlags) addWorkloadFlags(fs *flag.FlagSet) {
 	fs.IntVar(&f.concurrency, "concurrency", 4, "closed loop: requests in flight")
 	fs.Float64Var(&f.rate, "rate", 0, "open loop: Poisson arrivals per second (overrides --concurrency)")
+	fs.Float64Var(&f.burstiness, "burstiness", 1, "with --rate: shape of the gamma distribution of arrival gaps: 1 is Poisson, below 1 burstier (bursts of arrivals, then lulls), above 1 steadier")
+	fs.IntVar(&f.prefixes, "shared-prefixes", 0, "N shared system prompts of --prefix-len tokens: every request starts with one of them, then its own --prompt-len tokens (vLLM's prefix repetition)")
+	fs.IntVar(&f.prefixLen, "prefix-len", 512, "with --shared-prefixes: tokens of each shared prompt")
+	fs.IntVar(&f.turns, "turns", 0, "multi-turn conversations of this many turns: each turn resends the whole history (earlier prompts and answers) plus a new --prompt-len message (or the next of --prompts); --requests counts turns, and the report gives TTFT by turn")
 	fs.IntVar(&f.requests, "requests", 0, "measured requests per run (default 40 when --duration is not set)")
 	fs.DurationVar(&f.duration, "duration", 0, "measured time per run (arrivals stop, requests in flight finish)")
 	fs.IntVar(&f.warmup, "warmup", -1, "requests run first and not counted (-1: as many as the concurrency)")
@@ -190,7 +194,11 @@ func (f *benchFlags) checkTarget() error {
 func (c *benchConfig) workload() error {
 	f := &c.f
 	w := load.Workload{Concurrency: f.concurrency, Rate: f.rate, Requests: f.requests, Duration: f.duration, Seed: f.seed,
-		Sampling: route.Sampling{Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed}}
+		Sampling: route.Sampling{Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed},
+		Prefixes: f.prefixes, PrefixLen: f.prefixLen, Turns: f.turns, Burstiness: f.burstiness}
+	if f.prefixes < 0 || f.prefixLen < 1 || f.turns < 0 || f.burstiness <= 0 {
+		return fmt.Errorf("--shared-prefixes and --turns must not be negative, --prefix-len and --burstiness must be positive")
+	}
 	if w.Requests == 0 && w.Duration == 0 {
 		w.Requests = 40
 	}
@@ -502,7 +510,14 @@ func parseSweep(s string, w load.Workload) (string, []float64, error) {
 func workloadInfo(w load.Workload, levels []float64, sweepParam string, rounds, warmup int) load.WorkloadInfo {
 	wi := load.WorkloadInfo{Mode: "closed", Rate: w.Rate, Requests: w.Requests, DurationS: w.Duration.Seconds(), Warmup: warmup,
 		PromptLen: w.PromptLens(), OutputLen: w.Lengths.Output, LengthPairs: len(w.Lengths.Pairs), Prompts: len(w.Prompts),
-		Temperature: w.Sampling.Temperature, TopK: w.Sampling.TopK, TopP: w.Sampling.TopP, Seed: w.Seed, Rounds: rounds, SLO: w.SLO.String()}
+		Temperature: w.Sampling.Temperature, TopK: w.Sampling.TopK, TopP: w.Sampling.TopP, Seed: w.Seed, Rounds: rounds, SLO: w.SLO.String(),
+		Prefixes: w.Prefixes, Turns: w.Turns}
+	if w.Prefixes > 0 {
+		wi.PrefixLen = w.PrefixLen
+	}
+	if w.Rate > 0 || sweepParam == "rate" {
+		wi.Burstiness = w.Burstiness
+	}
 	if len(w.Prompts) > 0 {
 		lens := make([]int, len(w.Prompts))
 		for i, p := range w.Prompts {
