@@ -111,3 +111,14 @@ type Preemptible interface {
 	// safe to call from any goroutine.
 	Preempt()
 }
+
+// SeqStater is a backend that can copy a sequence's KV cells out and back
+// into a sequence, as a prefix cache needs: the cells come back with the
+// same bits, so a forward over them computes what it would have.
+type SeqStater interface {
+	// SeqSave appends the KV state of seq (every cell it holds) to dst.
+	SeqSave(dst []byte, seq int) ([]byte, error)
+	// SeqLoad puts a state from SeqSave into seq, which must hold no
+	// cells. ErrKVFull: no room for it.
+	SeqLoad(seq int, state []byte) error
+}
