@@ -103,9 +103,15 @@ vet: deps
 	  if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
 
-## unit: every test with the race detector and the bufpool invariants on.
+## unit: every test with the race detector and the bufpool invariants on,
+## then, without -race, the packages whose numeric tests (a forward's
+## numbers through llama.cpp on real models and every architecture) the race
+## pass skips: they take twice as long under -race and check no
+## concurrency the other tests do not (internal/race.Numeric).
+NUMERIC_PKGS := ./verify ./route
 unit: deps llama models
 	$(GO) test -race -tags invariants -timeout 30m ./...
+	$(GO) test -tags invariants -timeout 30m $(NUMERIC_PKGS)
 
 ## fuzz: each fuzz target for FUZZTIME (10s in CI; try FUZZTIME=5m locally),
 ## without the race detector (Go's fuzz coordinator times out slow -race

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/meshnet/shardd/internal/race"
 	"github.com/meshnet/shardd/verify"
 )
 
@@ -13,6 +14,7 @@ import (
 // q4_K_M llama, a 2-shard route of real `shardd serve` processes (f32
 // boundary) generates the whole model's 32 greedy tokens.
 func TestArchitectureRoutes(t *testing.T) {
+	race.Numeric(t)
 	dir := t.TempDir()
 	models, err := verify.ArchModels(dir)
 	if err != nil {

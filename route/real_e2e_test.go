@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshnet/shardd/backend/llamacpp"
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/internal/race"
 	"github.com/meshnet/shardd/verify"
 )
 
@@ -21,6 +22,7 @@ import (
 // rounded where the route rounds. Prompts are text, tokenized with the
 // route's first shard's own tokenizer.
 func TestRealModelRoutes(t *testing.T) {
+	race.Numeric(t)
 	const n = 32
 	for _, tc := range []struct {
 		name   string
@@ -131,6 +133,7 @@ func generateTokens(t *testing.T, addrs []string, prompt []int32, n int) []int32
 // and with top-k 40 / top-p 0.9 at a fixed seed, while the last hop sends
 // 8 x K bytes a step instead of 1 MiB.
 func TestCompactLogitsRoute(t *testing.T) {
+	race.Numeric(t)
 	model, err := verify.RealModel("gemma3")
 	if err != nil {
 		t.Fatal(err)

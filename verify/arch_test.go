@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/internal/race"
 )
 
 // TestArchitectures is the proof for every supported architecture and for
@@ -14,6 +15,7 @@ import (
 // to the whole model at an f32 boundary, and to the whole model rounded
 // where the route rounds at a bf16 one.
 func TestArchitectures(t *testing.T) {
+	race.Numeric(t)
 	dir := t.TempDir()
 	models, err := ArchModels(dir)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshnet/shardd/backend/llamacpp"
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/internal/race"
 )
 
 // TestRealModels is the proof on checkpoints people run (fetched by `make
@@ -16,6 +17,7 @@ import (
 // and 3 ways, bitwise equal to the whole model at an f32 boundary and to
 // the rounded reference at bf16.
 func TestRealModels(t *testing.T) {
+	race.Numeric(t)
 	for _, tc := range []struct {
 		name  string
 		arch  string
@@ -54,6 +56,7 @@ func TestRealModels(t *testing.T) {
 // (first and last shard), text survives a round trip, the end-of-turn
 // token ends a generation, and SmolLM2's own chat template renders.
 func TestRealTokenizers(t *testing.T) {
+	race.Numeric(t)
 	for _, name := range []string{"smollm2", "gemma3"} {
 		t.Run(name, func(t *testing.T) {
 			model, err := RealModel(name)
