@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/race"
 	"github.com/meshnet/shardd/stages/decode"
 	"github.com/meshnet/shardd/stages/frameout"
 )
@@ -210,7 +211,7 @@ func sessionDecodeStepAllocs(t *testing.T, first, last bool) {
 	// (whose sync.Pool drops a random share of what it is given), only
 	// the step that made fewest is held to the bound: an allocation this
 	// code made on every step would show in each.
-	if !bufpool.Invariants && !raceBuild && perStep > 0 {
+	if !bufpool.Invariants && !race.Enabled && perStep > 0 {
 		t.Fatalf("%.2f allocations per decode step, want 0", perStep)
 	}
 	var limit uint64

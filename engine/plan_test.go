@@ -11,6 +11,7 @@ import (
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/race"
 )
 
 // script drives the scheduler by hand, with no goroutine, no llama.cpp and
@@ -755,9 +756,9 @@ func TestPlanDecodeStepAllocs(t *testing.T) {
 	// step that made fewest to the bound in every build.)
 	limit := 0.0
 	switch {
-	case raceBuild && bufpool.Invariants:
+	case race.Enabled && bufpool.Invariants:
 		limit = 3
-	case raceBuild:
+	case race.Enabled:
 		limit = 2
 	case bufpool.Invariants:
 		limit = 1

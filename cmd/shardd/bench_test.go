@@ -10,17 +10,18 @@ import (
 	"testing"
 
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/internal/race"
 	"github.com/meshnet/shardd/load"
 )
 
 // buildShardd builds the shardd binary into dir the way this test binary
-// was built (-race and the invariants tag or not), so the compiled
-// llama.cpp is reused.
+// was built (-race and the invariants tag or not), so the packages
+// compiled for the test are reused.
 func buildShardd(t *testing.T, dir string) string {
 	t.Helper()
 	bin := filepath.Join(dir, "shardd")
 	build := []string{"build", "-o", bin}
-	if raceBuild {
+	if race.Enabled {
 		build = append(build, "-race", "-tags", "invariants")
 	}
 	if out, err := exec.Command("go", append(build, ".")...).CombinedOutput(); err != nil {

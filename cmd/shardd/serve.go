@@ -51,14 +51,30 @@ type serveConfig struct {
 	tel                  *telemetryFlags
 }
 
-// uintFlag binds an unsigned 32-bit flag.
+// uint32Value is a flag.Value for an unsigned 32-bit setting.
+type uint32Value struct{ p *uint32 }
+
+func (v uint32Value) String() string {
+	if v.p == nil {
+		return "0"
+	}
+	return strconv.FormatUint(uint64(*v.p), 10)
+}
+
+func (v uint32Value) Set(s string) error {
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return err
+	}
+	*v.p = uint32(n)
+	return nil
+}
+
+// uintFlag binds an unsigned 32-bit flag; a `word` in usage names its
+// value in the help, as for the standard flags.
 func uintFlag(fs *flag.FlagSet, p *uint32, name string, def uint32, usage string) {
 	*p = def
-	fs.Func(name, fmt.Sprintf("%s (default %d)", usage, def), func(v string) error {
-		n, err := strconv.ParseUint(v, 10, 32)
-		*p = uint32(n)
-		return err
-	})
+	fs.Var(uint32Value{p}, name, usage)
 }
 
 // parseServe parses serve's flags into a serveConfig and validates it; it
@@ -91,9 +107,9 @@ func parseServe(args []string) (*serveConfig, error) {
 	fs.DurationVar(&e.GatherWindow, "gather-window", 0, "longest wait for that share (0: half the predicted time of the batch waited for)")
 	fs.DurationVar(&e.DecodeQuiet, "decode-quiet", 250*time.Millisecond, "how long after a decode step iterations stay at --iteration-tokens")
 	fs.IntVar(&e.MaxQueue, "max-queue", 256, "work items queued across all sessions before RESOURCE_EXHAUSTED")
-	uintFlag(fs, &e.MaxInflightChunks, "max-inflight", 8, "un-acked chunks one session may have outstanding")
+	uintFlag(fs, &e.MaxInflightChunks, "max-inflight", 8, "un-acked `chunks` one session may have outstanding")
 	fs.Uint64Var(&e.MaxChunkBytes, "max-chunk-bytes", 8<<20, "largest serialized chunk message")
-	uintFlag(fs, &e.MaxPrefillChunkTokens, "max-prefill-chunk-tokens", 512, "most tokens in one prefill chunk")
+	uintFlag(fs, &e.MaxPrefillChunkTokens, "max-prefill-chunk-tokens", 512, "most `tokens` in one prefill chunk")
 	fs.DurationVar(&e.SessionTTL, "session-ttl", 10*time.Minute, "drop an idle session's KV state after this long")
 	fs.BoolVar(&e.Deterministic, "deterministic", false, "bitwise reproducible sessions: every forward carries one session's rows, whole, and each session has a KV stream of its own (at most --ctx-tokens/(--max-sessions+1) tokens), so a session's logits do not depend on what else runs; costs the batching across sessions (PERF.md); part of the recipe")
 	fs.DurationVar(&e.EvictGrace, "evict-grace", 2*time.Second, "a session used within this long is not evicted to make room for another; the newcomer is refused RESOURCE_EXHAUSTED (retryable) instead (negative: evict any idle session)")
