@@ -1,0 +1,100 @@
+package llamacpp
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+)
+
+// probeShapes are the (rows, probed row) pairs each operation runs, beside
+// the row alone.
+var probeShapes = [][2]int{{2, 0}, {2, 1}, {3, 2}, {4, 3}, {8, 5}, {16, 0}, {17, 16}, {32, 31}}
+
+type probeCase struct {
+	name       string
+	op         probeOp
+	wtype      int32
+	interleave bool
+	// alone: the row among others differs from the row alone; among: the
+	// row differs between batches of two rows or more.
+	alone, among bool
+}
+
+// TestOpVariance: for each operation of the CPU forward, one row computed
+// alone and among 1..31 other rows, at several places in the batch, and
+// whether its bits change. The table is logged (go test -v -run
+// OpVariance ./backend/llamacpp) and pinned, so a llama.cpp update that
+// changes it fails here. What it shows, on this build: a matmul of float
+// weights (f32, f16, bf16) takes ggml's vec_dot path for one row and
+// llamafile's sgemm for two or more (sgemm refuses n < 2), which round
+// differently, and any number of rows from two on gives the same bits;
+// quantized weights, RMS norm, RoPE, softmax and flash attention (whether
+// the other rows' KV cells sit after the row's or between them, masked)
+// are batch-invariant; attention without flash attention is not (its
+// mul_mats over the whole KV range change with it). Issue 32 starts here.
+func TestOpVariance(t *testing.T) {
+	var cases []probeCase
+	for _, name := range []string{"f32", "f16", "bf16"} {
+		cases = append(cases, probeCase{name: "matmul " + name, op: probeMatmul, wtype: probeTypes[name], alone: true})
+	}
+	for _, name := range []string{"q8_0", "q4_0", "q4_K", "q5_K", "q6_K"} {
+		cases = append(cases, probeCase{name: "matmul " + name, op: probeMatmul, wtype: probeTypes[name]})
+	}
+	cases = append(cases,
+		probeCase{name: "rms_norm", op: probeRMSNorm},
+		probeCase{name: "rope", op: probeRope},
+		probeCase{name: "softmax", op: probeSoftmax},
+		probeCase{name: "attention, cells in blocks", op: probeAttn, alone: true, among: true},
+		probeCase{name: "attention, cells interleaved", op: probeAttn, interleave: true, alone: true, among: true},
+		probeCase{name: "flash attention, cells in blocks", op: probeFlashAttn},
+		probeCase{name: "flash attention, cells interleaved", op: probeFlashAttn, interleave: true},
+	)
+	var table strings.Builder
+	fmt.Fprintf(&table, "%-46s", "operation: differing floats vs alone")
+	for _, s := range probeShapes {
+		fmt.Fprintf(&table, " %5s", fmt.Sprintf("%d@%d", s[0], s[1]))
+	}
+	table.WriteString("\n")
+	for _, c := range cases {
+		for _, threads := range []int{1, 2} {
+			alone := mustProbe(t, c, 1, 0, threads)
+			two := mustProbe(t, c, 2, 0, threads)
+			fmt.Fprintf(&table, "%-46s", fmt.Sprintf("%s, %d thread(s)", c.name, threads))
+			differsAlone, differsAmong := false, false
+			for _, s := range probeShapes {
+				got := mustProbe(t, c, s[0], s[1], threads)
+				d := differing(got, alone)
+				fmt.Fprintf(&table, " %5d", d)
+				differsAlone = differsAlone || d > 0
+				differsAmong = differsAmong || differing(got, two) > 0
+			}
+			table.WriteString("\n")
+			if differsAlone != c.alone || differsAmong != c.among {
+				t.Errorf("%s, %d threads: differs from the row alone %v (pinned %v), between batches %v (pinned %v)",
+					c.name, threads, differsAlone, c.alone, differsAmong, c.among)
+			}
+		}
+	}
+	t.Logf("one row alone and among others (rows@place):\n%s", table.String())
+}
+
+func mustProbe(t *testing.T, c probeCase, n, pos, threads int) []float32 {
+	t.Helper()
+	out, err := probe(c.op, c.wtype, n, pos, c.interleave, threads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// differing counts the floats whose bits differ.
+func differing(a, b []float32) int {
+	n := 0
+	for i := range a {
+		if i >= len(b) || math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			n++
+		}
+	}
+	return n
+}
