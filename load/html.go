@@ -52,6 +52,21 @@ func (r *Report) plots() []plot {
 			template.HTML(linePlot("ITL over time", axis{label: "seconds into the run"}, axis{label: "ITL (ms)"}, ts))})
 	}
 
+	var turns []plotSeries
+	for _, s := range runs {
+		var pts [][2]float64
+		for i, v := range s.TurnTTFT {
+			pts = append(pts, [2]float64{float64(i + 1), v})
+		}
+		if len(pts) > 0 {
+			turns = append(turns, plotSeries{Name: s.Label, Points: pts})
+		}
+	}
+	if len(turns) > 0 {
+		out = append(out, plot{"turn-ttft", "TTFT p50 by turn of the conversations: each turn resends the whole history",
+			template.HTML(linePlot("TTFT by turn", axis{label: "turn"}, axis{label: "TTFT p50 (ms)"}, turns))})
+	}
+
 	var cats []string
 	var vals [][]float64
 	for _, s := range runs {

@@ -299,6 +299,7 @@ func TestHTMLRendersInChromium(t *testing.T) {
 		s.Stages = []map[string]Dist{{"queue": {Count: 1, P50: 0.1}, "forward": {Count: 1, P50: 1}}, {"forward": {Count: 1, P50: 2}}}
 		rep.Runs = append(rep.Runs, s)
 	}
+	rep.Runs[0].TurnTTFT = []float64{12, 20, 31} // as a run of conversations reports
 	rep.Finish(nil, "concurrency")
 	page := filepath.Join(t.TempDir(), "r.html")
 	if err := rep.WriteHTML(page); err != nil {
@@ -313,15 +314,15 @@ func TestHTMLRendersInChromium(t *testing.T) {
 	dom := string(out)
 	total := regexp.MustCompile(`data-plots="(\d+)"`).FindStringSubmatch(dom)
 	rendered := regexp.MustCompile(`data-plots-rendered="(\d+)"`).FindStringSubmatch(dom)
-	// TTFT CDF, ITL CDF, ITL over time, hops, stages, sweep throughput,
-	// sweep ITL.
-	if total == nil || total[1] != "7" {
-		t.Fatalf("page has %v plots, want 7", total)
+	// TTFT CDF, ITL CDF, ITL over time, TTFT by turn, hops, stages, sweep
+	// throughput, sweep ITL.
+	if total == nil || total[1] != "8" {
+		t.Fatalf("page has %v plots, want 8", total)
 	}
 	if rendered == nil || rendered[1] != total[1] {
 		t.Fatalf("browser rendered %v of %s plots", rendered, total[1])
 	}
-	for _, id := range []string{"ttft-cdf", "itl-cdf", "itl-time", "hops", "sweep-throughput", "sweep-itl"} {
+	for _, id := range []string{"ttft-cdf", "itl-cdf", "itl-time", "turn-ttft", "hops", "sweep-throughput", "sweep-itl"} {
 		if !regexp.MustCompile(`id="` + id + `"[^>]*data-rendered="yes"|data-rendered="yes"[^>]*id="` + id + `"`).MatchString(dom) {
 			t.Errorf("plot %s not rendered", id)
 		}
