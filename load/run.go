@@ -205,8 +205,10 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 		c.Close()
 	}
 	rec := newRecorder(len(t.Addrs))
-	for range w.Turns {
-		rec.turnTTFT = append(rec.turnTTFT, newHist())
+	if w.Turns > 1 {
+		for range w.Turns {
+			rec.turnTTFT = append(rec.turnTTFT, newHist())
+		}
 	}
 	ro := opts.Route
 	ro.CompactLogits = ro.CompactLogits || t.CompactLogits

@@ -166,10 +166,7 @@ func SessionArgs(w Workload, levels []float64, sweepParam string) []string {
 		inflight = 64
 	}
 	inflight = min(inflight+1, 255)
-	longest := w.PromptLens()[1] + w.Lengths.Output[1]
-	for _, p := range w.Lengths.Pairs {
-		longest = max(longest, p[0]+p[1])
-	}
+	longest := w.PromptLens()[1] + w.LongestOutput()
 	return []string{"--max-sessions", strconv.Itoa(inflight), "--ctx-tokens", strconv.Itoa(inflight*(longest+8) + 256)}
 }
 

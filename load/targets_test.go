@@ -43,3 +43,15 @@ func TestSessionArgs(t *testing.T) {
 		t.Fatalf("open loop: %s", got)
 	}
 }
+
+// TestSessionArgsPairs: with a lengths file, workers are sized for its
+// longest prompt and its longest output, in every turn of a conversation.
+func TestSessionArgsPairs(t *testing.T) {
+	w := Workload{Concurrency: 2, Turns: 2}
+	w.Lengths.Pairs = [][2]int{{10, 50}, {30, 5}}
+	// The last turn: 2 messages of up to 30 and an answer of up to 50;
+	// then up to 50 more: 160 + 8 a session, 3 sessions, + 256.
+	if got := strings.Join(SessionArgs(w, []float64{2}, ""), " "); got != "--max-sessions 3 --ctx-tokens 760" {
+		t.Fatalf("%s", got)
+	}
+}

@@ -221,9 +221,18 @@ func (w Workload) PromptLens() [2]int {
 	}
 	if t := w.turns(); t > 1 {
 		// The last turn carries every message and every earlier answer.
-		r[1] += (t - 1) * (w.messageLens()[1] + w.Lengths.Output[1])
+		r[1] += (t - 1) * (w.messageLens()[1] + w.LongestOutput())
 	}
 	return r
+}
+
+// LongestOutput is the most tokens a request generates.
+func (w Workload) LongestOutput() int {
+	n := w.Lengths.Output[1]
+	for _, p := range w.Lengths.Pairs {
+		n = max(n, p[1])
+	}
+	return n
 }
 
 // messageLens is the shortest and longest message (a prompt without a
