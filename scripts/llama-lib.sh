@@ -19,6 +19,11 @@
 # every clone on the machine shares one build.
 # Compiler output (pages of third-party warnings) goes to build.log beside it
 # and is shown only when V=1 or when a compile fails.
+#
+# scripts/llama-patches/*.patch are small, documented changes to the module's
+# sources (paths relative to the module root). Each is applied to a copy of
+# the files it touches, which is compiled in place of the original; a patch
+# that no longer applies to the pinned module stops the build.
 set -euo pipefail
 
 GO=${GO:-go}
@@ -51,6 +56,7 @@ key=$( {
 	echo "cxx=$cxxflags"
 	"$cc" --version | head -1
 	"$cxx" --version | head -1
+	cat "$root"/scripts/llama-patches/*.patch 2>/dev/null
 } | sha256sum | cut -c1-16)
 out=${SHARDD_LLAMA_CACHE:-$($GO env GOCACHE)/shardd-llama}/$key
 
@@ -66,6 +72,23 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/shardd-llama.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
+# The patched copies, under $work/src at the module's relative paths.
+src=$work/src
+for p in "$root"/scripts/llama-patches/*.patch; do
+	[ -f "$p" ] || continue
+	for rel in $(sed -n 's#^+++ b/\([^[:space:]]*\).*#\1#p' "$p"); do
+		if [ ! -f "$src/$rel" ]; then
+			mkdir -p "$src/$(dirname "$rel")"
+			cp "$mod_dir/$rel" "$src/$rel"
+			chmod u+w "$src/$rel"
+		fi
+	done
+	if ! (cd "$src" && git apply --check "$p" 2>/dev/null && git apply "$p"); then
+		echo "llama-lib: $(basename "$p") no longer applies to $mod_ver: update it for the new sources" >&2
+		exit 1
+	fi
+done
+
 # One make rule per object, so `make -j` uses every core (cmd/go compiles a
 # package's C files one after another).
 mk=$work/Makefile
@@ -76,11 +99,15 @@ while IFS='|' read -r dir cfiles cxxfiles pcpp pcf pcxx; do
 		n=$((n + 1))
 		obj=$work/o$n-${f%.*}.o
 		objs+=("$obj")
+		srcf=$dir/$f
+		if [ -f "$src/${dir#"$mod_dir"/}/$f" ]; then
+			srcf=$src/${dir#"$mod_dir"/}/$f # patched; includes still resolve through -I $dir
+		fi
 		case $f in
 		*.c) cmd="$cc -I $dir $gccflags $cppflags $pcpp $cflags $pcf" ;;
 		*) cmd="$cxx -I $dir $gccflags $cppflags $pcpp $cxxflags $pcxx" ;;
 		esac
-		printf '%s: %s\n\t%s -c %s -o %s\n' "$obj" "$dir/$f" "$cmd" "$dir/$f" "$obj" >>"$mk"
+		printf '%s: %s\n\t%s -c %s -o %s\n' "$obj" "$srcf" "$cmd" "$srcf" "$obj" >>"$mk"
 	done
 done < <($GO list -deps -f '{{if or .CFiles .CXXFiles}}{{.Dir}}|{{join .CFiles " "}}|{{join .CXXFiles " "}}|{{join .CgoCPPFLAGS " "}}|{{join .CgoCFLAGS " "}}|{{join .CgoCXXFLAGS " "}}{{end}}' $roots | grep -v '^$' | grep "^$mod_dir/")
 # Largest sources first, so the long compiles do not start last and leave a

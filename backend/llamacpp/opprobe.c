@@ -38,7 +38,10 @@ static struct ggml_tensor *weights(struct ggml_context *ctx, enum ggml_type type
 }
 
 // attention builds q [D, n, H], k and v [D, 40 n, H] (f16) and the mask
-// [40 n, n]: row r sees its own 40 cells.
+// [40 n, n]: row r sees its own 40 cells, in blocks (row r's cells follow
+// row r-1's), interleaved (cell c is row c mod n's), or in blocks with the
+// probed row's cells in reverse order (what a KV buffer shared by sessions
+// gives a session whose later positions landed in earlier cells).
 static struct ggml_tensor *attention(struct ggml_context *ctx, int flash, int32_t n, int32_t pos, int32_t interleave) {
     const int64_t D = 64, H = 4, L = 40, nkv = L * n;
     struct ggml_tensor *q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, D, n, H);
@@ -49,19 +52,34 @@ static struct ggml_tensor *attention(struct ggml_context *ctx, int flash, int32_
     for (int64_t h = 0; h < H; h++)
         for (int32_t r = 0; r < n; r++)
             for (int64_t d = 0; d < D; d++) ((float *)q->data)[(h * n + r) * D + d] = next(r == pos ? &mq : &other);
+    // The probed row's cells hold the same values whatever n; with
+    // SHARDD_PROBE_REVERSED and other rows present, in the opposite order.
+    static float own[4][40][64];
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t j = 0; j < L; j++)
+            for (int64_t d = 0; d < D; d++) own[h][j][d] = next(&mk);
     for (int64_t h = 0; h < H; h++) {
+        int64_t j = 0;
         for (int64_t c = 0; c < nkv; c++) {
-            int64_t owner = interleave ? c % n : c / L;
+            int64_t owner = interleave == SHARDD_PROBE_INTERLEAVED ? c % n : c / L;
             for (int64_t d = 0; d < D; d++) {
-                float x = next(owner == pos ? &mk : &other);
+                float x = 0;
+                if (owner != pos) {
+                    x = next(&other);
+                } else if (interleave == SHARDD_PROBE_REVERSED && n > 1) {
+                    x = own[h][L - 1 - j][d];
+                } else {
+                    x = own[h][j][d];
+                }
                 ((ggml_fp16_t *)k->data)[(h * nkv + c) * D + d] = ggml_fp32_to_fp16(x);
                 ((ggml_fp16_t *)v->data)[(h * nkv + c) * D + d] = ggml_fp32_to_fp16(0.5f * x);
             }
+            j += owner == pos;
         }
     }
     for (int32_t r = 0; r < n; r++) {
         for (int64_t c = 0; c < nkv; c++) {
-            int64_t owner = interleave ? c % n : c / L;
+            int64_t owner = interleave == SHARDD_PROBE_INTERLEAVED ? c % n : c / L;
             ((ggml_fp16_t *)mask->data)[r * nkv + c] = ggml_fp32_to_fp16(owner == r ? 0.0f : -INFINITY);
         }
     }

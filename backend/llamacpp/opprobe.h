@@ -14,12 +14,19 @@ enum shardd_probe_op {
     SHARDD_PROBE_FLASH_ATTN = 5, // flash_attn_ext
 };
 
+// Where the attention ops put each row's KV cells.
+enum shardd_probe_layout {
+    SHARDD_PROBE_BLOCKS = 0,      // row r's 40 cells after row r-1's
+    SHARDD_PROBE_INTERLEAVED = 1, // cell c belongs to row c mod n
+    SHARDD_PROBE_REVERSED = 2,    // blocks, the probed row's in reverse order when n > 1
+};
+
 // shardd_probe runs op over n rows of which row pos is the probed one
 // (the same inputs whatever n and pos), on threads threads, and copies the
 // probed row's result to out (at most cap floats). For the attention ops
 // each row attends to 40 cells of its own in a KV buffer of 40 x n cells,
-// placed in blocks (interleave 0) or interleaved cell by cell. It returns
-// the floats written, or -1.
+// placed as interleave (a shardd_probe_layout) says. It returns the floats
+// written, or -1.
 int32_t shardd_probe(int32_t op, int32_t wtype, int32_t n, int32_t pos, int32_t interleave, int32_t threads,
                      float *out, int32_t cap);
 
