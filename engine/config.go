@@ -14,12 +14,13 @@ import (
 type Config struct {
 	// MaxSessions: route sessions holding KV state at once.
 	MaxSessions int
-	// Deterministic: every forward carries the rows of one session only,
-	// and a unit of work runs whole (a prefill chunk is never split across
-	// forwards), so a session's numbers are bitwise those it would get
-	// alone: what else is batched changes nothing. The backend must give
-	// each session a KV stream of its own (llamacpp.Config.SeparateKV).
-	// It is part of the recipe. Costs the batching across sessions.
+	// Deterministic: a session's numbers are bitwise those it would get
+	// alone, whatever else is batched. Decode forwards carry every ready
+	// session's step, prefill forwards one session's chunk, whole. The
+	// backend must give each session a KV stream of its own
+	// (llamacpp.Config.SeparateKV), where its cells lie in position order,
+	// and its forward must be batch-invariant (the sgemm patch). It is
+	// part of the recipe.
 	Deterministic bool
 	// SessionTTL: an idle session's state is dropped after this long.
 	SessionTTL time.Duration
@@ -138,9 +139,6 @@ func (c Config) Defaults() Config {
 func (c Config) forBackend(info backend.Info) Config {
 	if c.MaxSessions > info.MaxSeqs-1 {
 		c.MaxSessions = info.MaxSeqs - 1 // one sequence is kept for stateless work
-	}
-	if c.Deterministic {
-		c.DecodeGroups = -1 // one session per forward: nothing to gather
 	}
 	if c.DecodeGroups == 0 {
 		c.DecodeGroups = 2

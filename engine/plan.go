@@ -87,7 +87,7 @@ func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
 		return forwardPlan{}, false
 	}
 	if s.cfg.Deterministic {
-		decodes, prefills, budget = s.oneSession(decodes, prefills, budget)
+		decodes, prefills, budget = s.exactTurns(decodes, prefills, budget)
 	}
 	rows := s.fill(now, decodes, prefills, budget)
 	if rows == 0 {
@@ -212,30 +212,35 @@ func (s *scheduler) budgetBeforeStep(now time.Time, prefills []*sessQueue) (int,
 	return min(budget, n), false
 }
 
-// oneSession is the deterministic mode's plan: one session's unit of work
-// per forward, whole, round robin over sessions, decode steps and prefill
-// chunks taking turns while both wait, so neither starves the other. Its
-// rows then meet the same kernels, in the same shapes, as alone.
-func (s *scheduler) oneSession(decodes, prefills []*sessQueue, budget int) ([]*sessQueue, []*sessQueue, int) {
+// exactTurns is the deterministic mode's plan: decode steps and prefill
+// chunks take turns while both wait, so neither starves the other. A
+// decode turn carries every decode step that is ready (one row each, the
+// backend computes them together); a prefill turn one session's chunk,
+// whole, round robin. The backend keeps each session's KV in a stream of
+// its own and every operation of the forward is batch-invariant, so a
+// row's bits do not depend on the rows beside it.
+func (s *scheduler) exactTurns(decodes, prefills []*sessQueue, budget int) ([]*sessQueue, []*sessQueue, int) {
 	if len(prefills) > 0 && len(decodes) > 0 {
 		s.prefillTurn = !s.prefillTurn
 		if s.prefillTurn {
 			decodes = nil
 		}
 	}
-	var w *work
-	if len(decodes) > 0 {
-		decodes, prefills = decodes[s.rr%len(decodes):][:1], nil
-		w = decodes[0].items[0]
-	} else if len(prefills) > 0 {
-		prefills = prefills[s.rr%len(prefills):][:1]
-		w = prefills[0].items[0]
+	for _, q := range decodes {
+		if w := q.items[0]; w.tokens-w.done > 1 {
+			return []*sessQueue{q}, nil, w.tokens - w.done // rows of several sessions go one each
+		}
 	}
-	s.rr++
-	if w != nil {
+	if len(decodes) > 0 {
+		return decodes, nil, s.info.MaxBatch
+	}
+	if len(prefills) > 0 {
+		prefills = prefills[s.rr%len(prefills):][:1]
+		w := prefills[0].items[0]
 		budget = min(w.tokens-w.done, s.info.MaxBatch)
 	}
-	return decodes, prefills, budget
+	s.rr++
+	return nil, prefills, budget
 }
 
 // fill plans the iteration's rows into s.planned: every decode step that

@@ -646,21 +646,23 @@ func TestPlanBatchFull(t *testing.T) {
 	}
 }
 
-// The deterministic mode: one session's unit of work per forward, whole
-// (a 6-token chunk although iterations take 2 prefill tokens), decode
-// steps and prefill chunks taking turns while both wait.
+// The deterministic mode: decode steps and prefill chunks take turns while
+// both wait; a decode turn carries every ready session's step (all of a,
+// b and c in one forward, not one session's row), a prefill turn one
+// session's chunk, whole (6 tokens although iterations take 2).
 func TestPlanDeterministicTurns(t *testing.T) {
-	sc := newScript(t, Config{Deterministic: true, PrefillIterationTokens: 2, IterationTokens: 2}, nil)
-	sc.prefilled(2, "a", "b")
+	sc := newScript(t, Config{Deterministic: true, PrefillIterationTokens: 2, IterationTokens: 2, DecodeGroups: -1}, func(i *backend.Info) { i.MaxSeqs = 8 })
+	sc.prefilled(2, "a", "b", "c")
 	sc.submit("a", 0)
 	sc.submit("b", 0)
+	sc.submit("c", 0)
 	sc.submit("p", 6)
 	sc.submit("q", 3)
 	var got []string
 	for sc.s.pending > 0 {
 		got = append(got, sc.step(0))
 	}
-	sc.expect("turns", strings.Join(got, " | "), "p:p6 | b:d1 | q:p3 | a:d1")
+	sc.expect("turns", strings.Join(got, " | "), "q:p3 | a:d1 b:d1 c:d1 | p:p6")
 }
 
 // Eviction while work is queued: a session whose next step waits in the

@@ -85,9 +85,10 @@ type Config struct {
 	RoundBF16 []int
 	// SeparateKV gives each sequence a KV stream of its own
 	// (CtxTokens/MaxSeqs cells) instead of one buffer shared by all, so a
-	// sequence's cells sit where they would if it were alone. A forward
-	// must then carry rows of one sequence only (rows of several are
-	// reordered).
+	// sequence's cells lie in position order, as they would if it were
+	// alone (flash attention sums over them in cell order). A forward then
+	// carries the rows of one sequence, or one row each of several (decode
+	// steps; see streams).
 	SeparateKV bool
 }
 
@@ -113,6 +114,8 @@ type Backend struct {
 	pre   *C.shardd_preempt // C memory: written atomically from Go and read by llama.cpp
 	// mainCPU is the CPU a forward's calling thread is pinned to; -1: none.
 	mainCPU C.int32_t
+	// streams lays out forwards of several sequences (SeparateKV only).
+	streams *streams
 }
 
 var _ backend.Preemptible = (*Backend)(nil)
@@ -204,6 +207,14 @@ func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
 		b.Close()
 		return nil, errors.New("llamacpp: could not create a threadpool")
 	}
+	if cfg.SeparateKV {
+		st, err := newStreams(b)
+		if err != nil {
+			b.Close()
+			return nil, err
+		}
+		b.streams = st
+	}
 	return b, nil
 }
 
@@ -225,6 +236,10 @@ func (b *Backend) Meta() gguf.Meta { return b.meta }
 
 // Close frees the context and model. Close is idempotent.
 func (b *Backend) Close() error {
+	if b.streams != nil {
+		b.FreeBatch(b.streams.batch)
+		b.streams = nil
+	}
 	if b.ctx != nil {
 		C.llama_free(b.ctx)
 		b.ctx = nil
@@ -293,6 +308,50 @@ func (b *Backend) forward(bb backend.Batch, out *backend.Output) error {
 	if bt.n == 0 {
 		return nil
 	}
+	run := bt
+	if b.streams != nil {
+		var err error
+		if run, err = b.streams.layout(b, bt); err != nil {
+			return err
+		}
+		defer b.streams.release(b)
+	}
+	if err := b.decode(run); err != nil {
+		return err
+	}
+	padded := run != bt
+	if !b.info.LogitsOut {
+		want := run.n * b.info.Hidden
+		if b.cap.bad != 0 || int(b.cap.n_floats) != want {
+			return fmt.Errorf("%w: captured %d of %d values (code %d)", backend.ErrForward, int64(b.cap.n_floats), want, int(b.cap.bad))
+		}
+		out.Hidden = unsafe.Slice((*float32)(unsafe.Pointer(b.cap.dst)), want)
+		if padded {
+			out.Hidden = b.streams.gather(out.Hidden, bt.n, b.info.Hidden)
+		}
+		return nil
+	}
+	vocab := b.info.Vocab
+	for i, flag := range bt.logits[:bt.n] {
+		if flag == 0 {
+			continue
+		}
+		j := i
+		if padded {
+			j = b.streams.at[i]
+		}
+		p := C.llama_get_logits_ith(b.ctx, C.int32_t(j))
+		if p == nil {
+			return fmt.Errorf("%w: no logits for row %d", backend.ErrForward, i)
+		}
+		out.Logits = append(out.Logits, unsafe.Slice((*float32)(unsafe.Pointer(p)), vocab)...)
+	}
+	return nil
+}
+
+// decode runs llama_decode over bt and maps its result to the backend's
+// errors.
+func (b *Backend) decode(bt *batch) error {
 	bt.c.n_tokens = C.int32_t(bt.n)
 	if b.cap != nil {
 		b.cap.n_floats, b.cap.bad = 0, 0
@@ -309,25 +368,6 @@ func (b *Backend) forward(bb backend.Batch, out *backend.Output) error {
 	}
 	if b.cap != nil && b.cap.bad != 0 {
 		return fmt.Errorf("%w: eval callback failed (code %d)", backend.ErrForward, int(b.cap.bad))
-	}
-	if !b.info.LogitsOut {
-		want := bt.n * b.info.Hidden
-		if b.cap.bad != 0 || int(b.cap.n_floats) != want {
-			return fmt.Errorf("%w: captured %d of %d values (code %d)", backend.ErrForward, int64(b.cap.n_floats), want, int(b.cap.bad))
-		}
-		out.Hidden = unsafe.Slice((*float32)(unsafe.Pointer(b.cap.dst)), want)
-		return nil
-	}
-	vocab := b.info.Vocab
-	for i, flag := range bt.logits[:bt.n] {
-		if flag == 0 {
-			continue
-		}
-		p := C.llama_get_logits_ith(b.ctx, C.int32_t(i))
-		if p == nil {
-			return fmt.Errorf("%w: no logits for row %d", backend.ErrForward, i)
-		}
-		out.Logits = append(out.Logits, unsafe.Slice((*float32)(unsafe.Pointer(p)), vocab)...)
 	}
 	return nil
 }

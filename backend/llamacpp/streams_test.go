@@ -1,0 +1,97 @@
+package llamacpp
+
+import (
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/meshnet/shardd/backend"
+)
+
+// TestStreamsBatchEqualsAlone: on separate KV streams, one decode forward
+// carrying rows of five sequences (out of order, with an idle sequence and
+// an empty one between them, which get placeholder rows) gives each row
+// bitwise what the same step gives when its sequence runs alone; the
+// placeholders leave nothing behind. Checked where the shard produces
+// logits (the whole model) and hidden states (its first shard).
+func TestStreamsBatchEqualsAlone(t *testing.T) {
+	model, shards := tinyShards(t)
+	for _, path := range []string{shards[0], model} {
+		open := func() *Backend {
+			b, err := Open(Config{Path: path, Threads: 1, MaxSeqs: 8, CtxTokens: 8 * 32, MaxBatch: 16, SeparateKV: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() })
+			return b
+		}
+		together, alone := open(), open()
+		prompts := map[int][]int32{0: {5, 9, 33}, 1: {7}, 3: {2, 71, 8, 100, 3, 4}, 4: {11, 12}, 6: {40, 41, 42, 43}, 5: {9, 9}}
+		for _, b := range []*Backend{together, alone} {
+			for seq, p := range prompts {
+				rows(t, b, seq, 0, p)
+			}
+		}
+		step := []int{6, 0, 3, 4, 1} // 5 is idle, 2 and 7 empty
+		bt, _ := together.NewBatch()
+		defer together.FreeBatch(bt)
+		for i, seq := range step {
+			if err := bt.AddToken(seq, len(prompts[seq]), int32(60+i), true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var out backend.Output
+		if err := together.Forward(bt, &out); err != nil {
+			t.Fatal(err)
+		}
+		got := out.Logits
+		width := together.info.Vocab
+		if !together.info.LogitsOut {
+			got, width = out.Hidden, together.info.Hidden
+		}
+		got = append([]float32(nil), got...)
+		for i, seq := range step {
+			want := rows(t, alone, seq, len(prompts[seq]), []int32{int32(60 + i)})
+			for j := range want {
+				if math.Float32bits(want[j]) != math.Float32bits(got[i*width+j]) {
+					t.Fatalf("%s: sequence %d, value %d: %v beside the others, %v alone", shortName(path), seq, j, got[i*width+j], want[j])
+				}
+			}
+		}
+		// The placeholders are gone: the idle and the empty sequences go
+		// on from where they were.
+		rows(t, together, 5, 2, []int32{1})
+		rows(t, together, 2, 0, []int32{1, 2})
+		// Two rows of one sequence beside another's are refused.
+		bt.Reset()
+		for _, r := range [][2]int{{0, 4}, {0, 5}, {1, 2}} {
+			if err := bt.AddToken(r[0], r[1], 3, true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := together.Forward(bt, &out); !errors.Is(err, backend.ErrInput) {
+			t.Fatalf("two rows of a sequence beside another's: %v", err)
+		}
+	}
+}
+
+// rows runs toks for seq from pos alone and returns the last row's
+// logits, or every row's hidden states.
+func rows(t *testing.T, b *Backend, seq, pos int, toks []int32) []float32 {
+	t.Helper()
+	bt, _ := b.NewBatch()
+	defer b.FreeBatch(bt)
+	for i, tok := range toks {
+		if err := bt.AddToken(seq, pos+i, tok, i == len(toks)-1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out backend.Output
+	if err := b.Forward(bt, &out); err != nil {
+		t.Fatalf("sequence %d at %d: %v", seq, pos, err)
+	}
+	if b.info.LogitsOut {
+		return append([]float32(nil), out.Logits...)
+	}
+	return append([]float32(nil), out.Hidden...)
+}
