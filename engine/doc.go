@@ -44,9 +44,9 @@
 //	  iteration; not twice in a row, nor one                                                                    TestPlanBurstNotPreempted,
 //	  that finishes more prompts than decode                                                                    TestDecodePreemptsPrefill
 //	no forward over the batch size              --max-batch                shardd.batch.occupancy               TestPlanBatchFull
-//	deterministic: one session's unit per       --deterministic            -                                    TestPlanDeterministicTurns
-//	  forward, round robin, decode and
-//	  prefill taking turns
+//	deterministic: every ready decode step in   --deterministic            -                                    TestPlanDeterministicTurns
+//	  one forward, one session's prefill chunk
+//	  whole, decode and prefill taking turns
 //	a session reserves its stated length at     --max-sessions,            shardd.sessions.admitted,            TestReservedAdmission
 //	  its first prefill or is refused             --ctx-tokens               shardd.sessions.refused
 //	  (retryable)
