@@ -36,6 +36,9 @@ func (s *scheduler) keepRecent(sess *kvcache.Session, ref kvcache.StepRef) {
 // the byte budget pushes them out would keep their pooled buffers from
 // the pool.
 func (s *scheduler) dropResults(sess *kvcache.Session) {
+	if s.prefix != nil {
+		s.prefix.forget(sess.ID)
+	}
 	for _, old := range sess.Results {
 		if r, ok := s.results.Remove(resultKey{sess.ID, old.Epoch, old.Step}); ok {
 			r.release()
@@ -60,12 +63,20 @@ const (
 	admitRun admitResult = iota
 	admitWait
 	admitDrop
+	// admitDone: the item was answered whole from the prefix cache and
+	// popped.
+	admitDone
 )
 
 // admit checks w against the session state when it reaches the head of its
 // session's queue. Refused items are answered here.
 func (s *scheduler) admit(w *work) admitResult {
 	if w.admitted {
+		if w.prefixRows > 0 && w.done == w.tokens {
+			w.started, w.tm.started = s.now(), s.now()
+			s.complete(w) // every row from the prefix cache, now loaded
+			return admitDone
+		}
 		return admitRun
 	}
 	drop := func(err error) admitResult {
@@ -146,6 +157,9 @@ func (s *scheduler) admit(w *work) admitResult {
 	}
 	s.pin(w, sess)
 	w.sess, w.seq, w.admitted = sess, sess.Seq, true
+	if w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL && s.prefixHit(w) {
+		return admitWait // its rows run once the load is in (the next plan)
+	}
 	return admitRun
 }
 

@@ -80,6 +80,13 @@ type Config struct {
 	// Boundary is the dtype of hidden states this worker sends (bf16 is the
 	// contract's canonical choice; f32 is exact).
 	Boundary shardv1.DType
+	// PrefixCacheBytes bounds the prefix cache (prefix.go): KV cells and
+	// output rows of prompt prefixes this shard computed, found again by
+	// content. 0: the default, 256 MiB; negative: no cache.
+	PrefixCacheBytes int64
+	// PrefixBlock is the prefix cache's block, in positions: a prompt's
+	// prefix is found again in whole blocks. 0: 32.
+	PrefixBlock int
 	// ResultsCacheBytes bounds the cached results that answer duplicate
 	// steps.
 	ResultsCacheBytes int64
@@ -125,6 +132,12 @@ func (c Config) Defaults() Config {
 	}
 	if c.Boundary == shardv1.DType_DTYPE_UNSPECIFIED {
 		c.Boundary = shardv1.DType_DTYPE_BFLOAT16
+	}
+	if c.PrefixCacheBytes == 0 {
+		c.PrefixCacheBytes = 256 << 20
+	}
+	if c.PrefixBlock <= 0 {
+		c.PrefixBlock = 32
 	}
 	if c.ResultsCacheBytes == 0 {
 		c.ResultsCacheBytes = 64 << 20

@@ -21,6 +21,8 @@ type driver struct {
 	be    backend.Backend
 	batch backend.Batch
 	out   backend.Output
+	// backup holds a sequence's cells while a prefix load replaces them.
+	backup []byte
 }
 
 // init allocates the forward batch.
@@ -175,8 +177,14 @@ func (d *driver) fill(p planned) error {
 // (stream.deliver).
 func (d *driver) apply() {
 	fx := &d.s.fx
+	for _, sv := range fx.saves {
+		d.save(sv)
+	}
 	for _, t := range fx.trims {
 		d.be.SeqTrim(t.seq, t.pos)
+	}
+	for _, l := range fx.loads {
+		d.load(l)
 	}
 	for _, dl := range fx.deliveries {
 		dl.st.deliver(dl.r, dl.work)
@@ -188,6 +196,49 @@ func (d *driver) apply() {
 		w.recycle()
 	}
 	fx.reset()
+}
+
+// save makes a prefix cache entry from a sequence's state.
+func (d *driver) save(sv saveOp) {
+	ss, ok := d.be.(backend.SeqStater)
+	if !ok || d.s.prefix == nil {
+		return
+	}
+	state, err := ss.SeqSave(nil, sv.seq)
+	if err != nil {
+		d.e.log.Warn("prefix cache: could not save a sequence", "err", err)
+		return
+	}
+	d.s.prefix.insert(sv.chain, sv.blocks, state)
+}
+
+// load puts a prefix cache entry's state into a sequence in place of its
+// cells. When it does not fit, the sequence gets its own cells back and
+// the scheduler runs the rows itself (undo).
+func (d *driver) load(l loadOp) {
+	ss := d.be.(backend.SeqStater) // the scheduler loads only through one
+	var err error
+	d.backup = d.backup[:0]
+	if l.first > 0 {
+		if d.backup, err = ss.SeqSave(d.backup, l.seq); err != nil {
+			l.undo()
+			return
+		}
+	}
+	d.be.SeqTrim(l.seq, 0)
+	if err = ss.SeqLoad(l.seq, l.state); err == nil {
+		err = d.be.SeqTrim(l.seq, l.to)
+	}
+	if err == nil {
+		return
+	}
+	d.be.SeqTrim(l.seq, 0)
+	if l.first > 0 {
+		if err := ss.SeqLoad(l.seq, d.backup); err != nil {
+			d.e.log.Error("prefix cache: could not restore a sequence", "err", err)
+		}
+	}
+	l.undo()
 }
 
 // settle publishes the state's figures and then carries out the effects,
@@ -214,6 +265,11 @@ func (d *driver) publish(rows int) {
 	e.statReprefilled.Store(int64(s.store.Reprefills))
 	e.statPressure.Store(math.Float64bits(s.store.Pressure()))
 	e.statResults.Store(s.results.Cost())
+	if p := s.prefix; p != nil {
+		e.statPrefixHits.Store(p.hits)
+		e.statPrefixTokens.Store(p.tokens)
+		e.statPrefixBytes.Store(p.entries.Cost())
+	}
 	e.statBudgetRuns.Store(s.budgetRuns)
 	e.statBudgetHits.Store(s.budgetHits)
 	e.statDueWaits.Store(s.dueWaits)

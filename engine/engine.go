@@ -15,6 +15,7 @@ import (
 	"github.com/meshnet/shardd/internal/lru"
 	"github.com/meshnet/shardd/stages/checksum"
 	"github.com/meshnet/shardd/stages/decode"
+	"github.com/meshnet/shardd/stages/dtype"
 	"github.com/meshnet/shardd/stages/frameout"
 	"github.com/meshnet/shardd/stages/reassemble"
 	"github.com/meshnet/shardd/stages/receive"
@@ -59,6 +60,7 @@ type Engine struct {
 	// admitted session's step, and prefilled again after a loss.
 	statAdmitted, statRefused, statSessPreempted, statReprefilled atomic.Int64
 	statResults                                                   atomic.Int64 // bytes held by the results cache
+	statPrefixHits, statPrefixTokens, statPrefixBytes             atomic.Int64 // the prefix cache's figures
 	// The cost model (seconds, float64 bits) and the decode budget's record.
 	statCostBase, statCostRow      atomic.Uint64
 	statBudgetRuns, statBudgetHits atomic.Int64
@@ -114,6 +116,16 @@ func New(cfg Config, be backend.Backend, meta gguf.Meta, log *slog.Logger) *Engi
 		e.state.Store(int32(shardv1.ServingState_SERVING_STATE_SERVING))
 	}
 	e.sched.init(cfg, info, pool, e.obs.on)
+	if _, ok := be.(backend.SeqStater); ok && cfg.PrefixCacheBytes > 0 {
+		rowBytes, boundary := 0, "bf16"
+		if cfg.Boundary == shardv1.DType_DTYPE_FLOAT32 {
+			boundary = "f32"
+		}
+		if !info.LogitsOut {
+			rowBytes = dtype.Size(cfg.Boundary) * info.Hidden
+		}
+		e.sched.prefix = newPrefixCache(cfg.PrefixCacheBytes, cfg.PrefixBlock, rowBytes, prefixMaxRows(info), prefixSeed(e.id, boundary))
+	}
 	if err := e.drv.init(e); err != nil {
 		e.detail = "could not allocate the forward batch"
 		e.validated = false

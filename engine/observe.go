@@ -122,6 +122,9 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	counter("shardd.gather.holds", "decode iterations that waited for their group's share of the decoding sessions (--decode-groups)", e.statHolds.Load)
 	counter("shardd.gather.expired", "of those, holds that ran out their --gather-window before the group formed", e.statHoldsExpired.Load)
 	gauge("shardd.gather.held", "seconds decode iterations have waited for their groups since start", func() float64 { return float64(e.statHeld.Load()) / 1e9 })
+	counter("shardd.prefix.hits", "prefill chunks that took rows from the prefix cache", e.statPrefixHits.Load)
+	counter("shardd.prefix.tokens", "prompt positions answered from the prefix cache instead of a forward", e.statPrefixTokens.Load)
+	gauge("shardd.prefix.bytes", "bytes of KV state and output rows the prefix cache holds (bounded by --prefix-cache-bytes)", func() float64 { return float64(e.statPrefixBytes.Load()) })
 	counter("shardd.decode_due.waits", "prefill-only iterations not started because a decode step was due before one prefill token would finish", e.statDueWaits.Load)
 	o.occupancy, _ = m.Int64Histogram("shardd.batch.rows", metric.WithDescription("rows in each forward call"),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512))
@@ -165,6 +168,7 @@ type stepRecord struct {
 	tokens, first        int
 	bytesIn, bytesOut    int
 	cacheHit             bool
+	prefixRows           int
 	flushed              chan struct{} // set on a flush marker: closed when reached
 }
 
@@ -187,7 +191,7 @@ func (st *stream) recordStep(r *result, sent time.Time) {
 		workID: strings.Clone(r.workID), session: r.session, mode: r.mode, // r's bytes are reused
 		step: r.step, epoch: r.epoch, pastLen: r.pastLen,
 		tokens: r.tokens, first: r.first,
-		bytesIn: r.bytesIn, bytesOut: bodyLen(r), cacheHit: r.cacheHit,
+		bytesIn: r.bytesIn, bytesOut: bodyLen(r), cacheHit: r.cacheHit, prefixRows: r.prefixRows,
 	}
 	if !o.enqueue(rec) {
 		o.dropped.Add(1)
@@ -308,6 +312,7 @@ func (o *observer) record(rec *stepRecord) {
 		attribute.Int("shardd.tokens", rec.tokens),
 		attribute.Int("shardd.first_position", rec.first),
 		attribute.Bool("shardd.cache_hit", rec.cacheHit),
+		attribute.Int("shardd.prefix_cached_tokens", rec.prefixRows),
 		attribute.Int64("shardd.past_len", int64(rec.pastLen)),
 		attribute.String("shardd.mode", rec.mode.String()),
 	))

@@ -153,7 +153,8 @@ func (s *scheduler) complete(w *work) {
 		workID: w.workID, session: w.st.id, step: w.step, epoch: w.epoch,
 		phase: w.phase, mode: w.mode, first: w.first, tokens: w.tokens, chunk: w.chunk, deadline: w.deadline,
 		body: w.out, outPos: w.outPos, execNanos: uint64(now.Sub(w.started)), cacheHit: w.hit,
-		tm: w.tm, bytesIn: w.bytesIn,
+		prefixRows: w.prefixRows,
+		tm:         w.tm, bytesIn: w.bytesIn,
 	})
 	if s.timing {
 		r.tm.completed = now
@@ -182,6 +183,7 @@ func (s *scheduler) complete(w *work) {
 		sess.LastStep, sess.HasStep = w.step, true
 		if w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL {
 			sess.PrefillDone = w.final
+			s.prefixDone(w, r.body.Bytes())
 		}
 		if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE || sess.PrefillDone {
 			s.gather.done(w.st.id, now)
@@ -227,6 +229,7 @@ func (s *scheduler) fail(w *work, err error) {
 	} else if w.sess != nil {
 		s.fx.trim(w.seq, w.first)
 		s.store.Truncate(w.sess, w.first)
+		s.prefixDrop(w.st.id)
 	}
 	s.refuse(w, err)
 	s.finish(w)

@@ -106,15 +106,17 @@ func (s *scheduler) admitHeads() (decodes, prefills []*sessQueue) {
 	for i := 0; i < len(s.ring); i++ {
 		q := s.ring[i]
 		for len(q.items) > 0 {
-			switch s.admit(q.items[0]) {
+			switch r := s.admit(q.items[0]); r {
 			case admitRun:
 				if q.items[0].mode == shardv1.CacheMode_CACHE_MODE_DECODE {
 					decodes = append(decodes, q)
 				} else {
 					prefills = append(prefills, q)
 				}
-			case admitDrop:
-				s.pop(q)
+			case admitDrop, admitDone:
+				if r == admitDrop {
+					s.pop(q) // admitDone: completed, popped already
+				}
 				if len(q.items) == 0 {
 					i-- // pop removed q from the ring
 				}

@@ -57,9 +57,12 @@ type resultFields struct {
 	// f32, named name) and then their token ids ([rows, topK] int32).
 	topK int
 
-	pastLen   uint64
-	cacheHit  bool
-	execNanos uint64
+	pastLen  uint64
+	cacheHit bool
+	// prefixRows: the rows of a prefill chunk answered from the prefix
+	// cache.
+	prefixRows int
+	execNanos  uint64
 
 	tm      timings // stage boundaries, when observed
 	bytesIn int

@@ -27,8 +27,11 @@ type scheduler struct {
 
 	store   *kvcache.Store
 	results *lru.Cache[resultKey, *result]
-	queues  map[string]*sessQueue // route session id -> its work, in order
-	ring    []*sessQueue          // sessions with work, for round robin
+	// prefix is the prefix cache; nil when off or when the backend cannot
+	// copy KV state.
+	prefix *prefixCache
+	queues map[string]*sessQueue // route session id -> its work, in order
+	ring   []*sessQueue          // sessions with work, for round robin
 	// spare are emptied queues kept for the next session with work, and
 	// decodes and prefills plan's lists, kept between plans: a decode step
 	// allocates nothing here (TestPlanDecodeStepAllocs).

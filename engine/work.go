@@ -76,8 +76,10 @@ type work struct {
 	outRows  int
 	topIDs   []int32 // compact output: the rows' token ids, appended to out on completion
 	hit      bool
-	queued   time.Time // by the scheduler's clock
-	started  time.Time
+	// prefixRows: rows answered from the prefix cache (prefix.go).
+	prefixRows int
+	queued     time.Time // by the scheduler's clock
+	started    time.Time
 }
 
 var workPool = sync.Pool{New: func() any { return new(work) }}

@@ -90,14 +90,20 @@ func serve(t *testing.T, shard, addr string, extra ...string) *proc {
 		}
 		close(lines)
 	}()
-	select {
-	case line, ok := <-lines:
-		if !ok || !strings.HasPrefix(line, "shardd: listening on ") {
-			t.Fatalf("shardd did not start: %q %s", line, p.log)
+	deadline := time.After(60 * time.Second)
+	for p.addr == "" {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				t.Fatalf("shardd did not start: %s", p.log)
+			}
+			p.addr, _ = strings.CutPrefix(line, "shardd: listening on ") // other lines first: "metrics on"
+			if p.addr == line {
+				p.addr = ""
+			}
+		case <-deadline:
+			t.Fatalf("shardd did not start in time: %s", p.log)
 		}
-		p.addr = strings.TrimPrefix(line, "shardd: listening on ")
-	case <-time.After(60 * time.Second):
-		t.Fatalf("shardd did not start in time: %s", p.log)
 	}
 	go func() {
 		for range lines {

@@ -114,6 +114,8 @@ func parseServe(args []string) (*serveConfig, error) {
 	fs.BoolVar(&e.Deterministic, "deterministic", false, "bitwise reproducible sessions: a session's logits do not depend on what else runs. Each session has a KV stream of its own (at most --ctx-tokens/(--max-sessions+1) tokens); decode forwards carry every ready session's step through a batch-invariant forward, prefill forwards one session's chunk, whole (PERF.md has the cost); part of the recipe")
 	fs.DurationVar(&e.EvictGrace, "evict-grace", 2*time.Second, "a session used within this long is not evicted to make room for another; the newcomer is refused RESOURCE_EXHAUSTED (retryable) instead (negative: evict any idle session)")
 	fs.Int64Var(&e.ResultsCacheBytes, "results-cache-bytes", 64<<20, "bytes of finished results kept to answer duplicate steps (idempotency); the oldest go first")
+	fs.Int64Var(&e.PrefixCacheBytes, "prefix-cache-bytes", 256<<20, "bytes of prompt prefixes kept per shard (their KV cells and output rows), found again by content so a repeated system prompt or conversation history is not computed again; least recently used first out; 0: no prefix cache (README: sizing)")
+	fs.IntVar(&e.PrefixBlock, "prefix-block", 32, "positions per prefix cache block: a prompt's prefix is found again in whole blocks")
 	boundary := fs.String("boundary", "bf16", "dtype of hidden states sent to the next shard: bf16 (the contract's canonical; bitwise the whole model rounded where the route rounds, see verify) or f32 (bitwise the unrounded whole model); bitwise for a session alone, or under any load with --deterministic")
 	fs.BoolVar(&e.RequireChecksum, "require-checksum", true, "refuse tensors without a CRC32C")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "how long a drain waits for open sessions and queued work")
@@ -151,6 +153,12 @@ func (c *serveConfig) validate(boundary, pin, relayAt, logLevel string) error {
 	}
 	if e.ResultsCacheBytes < 1 {
 		return fmt.Errorf("--results-cache-bytes must be positive")
+	}
+	if e.PrefixCacheBytes < 0 || e.PrefixBlock < 1 || e.PrefixBlock > 4096 {
+		return fmt.Errorf("--prefix-cache-bytes must be 0 or more and --prefix-block 1..4096")
+	}
+	if e.PrefixCacheBytes == 0 {
+		e.PrefixCacheBytes = -1 // the engine's "off"
 	}
 	switch pin {
 	case "on":

@@ -1,0 +1,303 @@
+package engine
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"hash"
+	"unsafe"
+
+	"github.com/meshnet/shardd/backend"
+	"github.com/meshnet/shardd/internal/lru"
+)
+
+// The prefix cache: a shard's KV cells and output rows for prompt prefixes
+// it has computed, found again by content.
+//
+// A prompt is cut into blocks of PrefixBlock positions from position 0.
+// Block k's key is SHA-256(key of block k-1, the block's input bytes), and
+// block 0 chains from the worker's identity (fingerprint, recipe, range,
+// boundary dtype), so a key names the shard's inputs at every position
+// before its block's end, and an entry never crosses an identity: token ids
+// on the first shard, the hidden-state bytes the wire carried on the
+// others. A shard's output for a position depends only on its inputs at
+// that position and before (every operation of the forward is
+// batch-invariant, TestOpVariance), so cells and outputs found under a key
+// are the bits a forward would compute.
+//
+// An entry is made when a prompt's last chunk completes: the sequence's KV
+// state (backend.SeqStater) and, on a shard that produces hidden states,
+// the output rows of its whole blocks as they went out. It is indexed
+// under every one of its block keys. A prefill chunk whose session's
+// prompt so far matches the cache takes the deepest entry that matches
+// past the chunk's start: the entry's state replaces the sequence's (the
+// same bits up to where the sequence was), is trimmed to the matched
+// blocks, and the chunk's rows up to there are answered from the entry;
+// only the rest run. The last shard keeps no logits, so a row that must
+// produce logits always runs. Entries are copies: a session's own state,
+// its release, eviction, TTL and CACHE_MISS are what they were. Entries are
+// bounded in bytes, least recently used out first.
+type prefixCache struct {
+	block    int
+	seed     [32]byte
+	rowBytes int // output bytes a position; 0 on a logit-producing shard
+	maxRows  int // positions whose outputs a session keeps while it prefills
+	entries  *lru.Cache[[32]byte, *prefixEntry]
+	index    map[[32]byte]*prefixEntry
+	chains   map[string]*prefixChain
+
+	hits, tokens int64 // lookups that found rows, rows they answered
+}
+
+// prefixEntry is a cached prefix: blocks whole blocks, the KV state of a
+// sequence that holds at least them, and their output rows.
+type prefixEntry struct {
+	keys  [][32]byte // block k's key at k
+	state []byte
+	out   []byte // rowBytes * blocks * block
+}
+
+func (e *prefixEntry) blocks() int { return len(e.keys) }
+
+// prefixChain is a session's prompt as the cache sees it: the key of each
+// whole block fed so far, the running hash of the block being fed, and
+// (hidden-state shards) the outputs of the rows so far.
+type prefixChain struct {
+	keys  [][32]byte
+	h     hash.Hash
+	fed   int  // positions fed
+	valid bool // every position from 0 was fed, in order
+	out   []byte
+}
+
+// prefixSeed is the chain's start for a worker serving id with the given
+// boundary dtype: entries of another identity never match.
+func prefixSeed(id Identity, boundary string) [32]byte {
+	h := sha256.New()
+	fp, r := id.Fingerprint, id.Range
+	for _, s := range []string{"shardd prefix/1", fp.GetModelArtifactDigest(), fp.GetRuntimeRecipeDigest(), boundary} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	var b [8]byte
+	binary.LittleEndian.PutUint32(b[:4], r.GetStartLayer())
+	binary.LittleEndian.PutUint32(b[4:], r.GetEndLayer())
+	h.Write(b[:])
+	var seed [32]byte
+	h.Sum(seed[:0])
+	return seed
+}
+
+func newPrefixCache(maxBytes int64, block, rowBytes, maxRows int, seed [32]byte) *prefixCache {
+	c := &prefixCache{block: block, seed: seed, rowBytes: rowBytes, maxRows: maxRows,
+		index: map[[32]byte]*prefixEntry{}, chains: map[string]*prefixChain{}}
+	c.entries = lru.New(maxBytes, func(_ [32]byte, e *prefixEntry) { c.unindex(e) })
+	return c
+}
+
+// chain returns session id's chain; first == 0 starts it afresh.
+func (c *prefixCache) chain(id string, first int) *prefixChain {
+	ch := c.chains[id]
+	if ch == nil {
+		ch = &prefixChain{h: sha256.New()}
+		c.chains[id] = ch
+	}
+	if first == 0 {
+		ch.keys, ch.fed, ch.valid, ch.out = ch.keys[:0], 0, true, ch.out[:0]
+		ch.h.Reset()
+		ch.h.Write(c.seed[:])
+	}
+	if ch.fed != first {
+		ch.valid = false // a chunk the cache did not see, or a rewind
+	}
+	return ch
+}
+
+// feed adds rows (row bytes each, in position order) to the chain.
+func (c *prefixCache) feed(ch *prefixChain, rows []byte, row int) {
+	if !ch.valid || row == 0 {
+		return
+	}
+	for off := 0; off+row <= len(rows); off += row {
+		ch.h.Write(rows[off : off+row])
+		ch.fed++
+		if ch.fed%c.block == 0 {
+			var k [32]byte
+			ch.h.Sum(k[:0])
+			ch.keys = append(ch.keys, k)
+			ch.h.Reset()
+			ch.h.Write(k[:])
+		}
+	}
+}
+
+// match is the deepest entry holding the chain's blocks up to some block
+// end in (from, to], and that end; nil when there is none.
+func (c *prefixCache) match(ch *prefixChain, from, to int) (*prefixEntry, int) {
+	if !ch.valid {
+		return nil, 0
+	}
+	for k := min(to/c.block, len(ch.keys)); k*c.block > from; k-- {
+		if e, ok := c.index[ch.keys[k-1]]; ok && e.blocks() >= k && e.keys[k-1] == ch.keys[k-1] {
+			c.entries.Get(e.keys[e.blocks()-1])
+			return e, k * c.block
+		}
+	}
+	return nil, 0
+}
+
+// keep records a completed chunk's outputs (rows [first, first+n)) in the
+// chain, up to maxRows positions.
+func (c *prefixCache) keep(ch *prefixChain, first int, out []byte) {
+	if c.rowBytes == 0 || !ch.valid || len(ch.out) != first*c.rowBytes {
+		return
+	}
+	if first*c.rowBytes+len(out) > c.maxRows*c.rowBytes {
+		out = out[:max(c.maxRows-first, 0)*c.rowBytes]
+	}
+	ch.out = append(ch.out, out...)
+}
+
+// wants reports whether a finished prompt's chain should become an entry:
+// it has whole blocks (with their outputs) that no entry holds yet.
+func (c *prefixCache) wants(ch *prefixChain) int {
+	if ch == nil || !ch.valid {
+		return 0
+	}
+	blocks := len(ch.keys)
+	if c.rowBytes > 0 {
+		blocks = min(blocks, len(ch.out)/(c.rowBytes*c.block))
+	}
+	if blocks == 0 {
+		return 0
+	}
+	if e, ok := c.index[ch.keys[blocks-1]]; ok && e.blocks() >= blocks {
+		return 0
+	}
+	return blocks
+}
+
+// insert makes an entry of the chain's first blocks with state.
+func (c *prefixCache) insert(ch *prefixChain, blocks int, state []byte) {
+	e := &prefixEntry{keys: append([][32]byte(nil), ch.keys[:blocks]...), state: state}
+	if c.rowBytes > 0 {
+		e.out = append([]byte(nil), ch.out[:blocks*c.block*c.rowBytes]...)
+	}
+	for _, k := range e.keys {
+		if old, ok := c.index[k]; !ok || old.blocks() <= e.blocks() {
+			c.index[k] = e
+		}
+	}
+	c.entries.Put(e.keys[blocks-1], e, int64(len(e.state)+len(e.out)+32*blocks))
+}
+
+// unindex forgets an evicted entry's keys.
+func (c *prefixCache) unindex(e *prefixEntry) {
+	for _, k := range e.keys {
+		if c.index[k] == e {
+			delete(c.index, k)
+		}
+	}
+}
+
+// forget drops a session's chain.
+func (c *prefixCache) forget(id string) { delete(c.chains, id) }
+
+// int32Bytes views token ids as their little-endian bytes.
+func int32Bytes(ids []int32) []byte {
+	if len(ids) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&ids[0])), 4*len(ids))
+}
+
+// prefixMaxRows bounds the positions whose outputs a prefilling session
+// keeps for a later entry: the longest prompt a session could hold, up
+// to 8,192.
+func prefixMaxRows(info backend.Info) int { return min(info.CtxTokens, 8192) }
+
+// prefixHit feeds an admitted prefill chunk to its session's chain and,
+// when the cache holds the chain past the chunk's start, answers the
+// chunk's rows up to there from the entry: their outputs now, their cells
+// by a load the driver runs before the next forward (or undoes). A row
+// that must produce logits always runs; a chunk answered whole completes
+// at its next admission, once the load is in.
+func (s *scheduler) prefixHit(w *work) bool {
+	c := s.prefix
+	if c == nil || w.done != 0 {
+		return false
+	}
+	ch := c.chain(w.st.id, w.first)
+	if s.info.TokensIn {
+		c.feed(ch, int32Bytes(w.tokenIDs[:w.tokens]), 4)
+	} else {
+		c.feed(ch, w.hiddenB, len(w.hiddenB)/w.tokens)
+	}
+	to := w.first + w.tokens
+	if s.info.LogitsOut {
+		for r := range w.tokens {
+			if w.rowWantsOutput(r) {
+				to = min(to, w.first+r)
+				break
+			}
+		}
+	}
+	e, end := c.match(ch, w.first, to)
+	if e == nil {
+		return false
+	}
+	n := end - w.first
+	if c.rowBytes > 0 {
+		w.out = s.pool.Alloc(s.outBytes(w))
+		w.out.Truncate(0)
+		buf := append(w.out.Bytes(), e.out[w.first*c.rowBytes:end*c.rowBytes]...)
+		w.out.SetLen(len(buf))
+		w.outRows = n
+	}
+	w.done, w.prefixRows = n, n
+	c.hits++
+	c.tokens += int64(n)
+	s.fx.loads = append(s.fx.loads, loadOp{seq: w.seq, first: w.first, to: end, state: e.state, undo: func() {
+		c.hits--
+		c.tokens -= int64(n)
+		w.done, w.prefixRows, w.outRows = 0, 0, 0
+		if w.out != nil {
+			w.out.Release()
+			w.out = nil
+		}
+		c.drop(w.st.id)
+	}})
+	return true
+}
+
+// prefixDone takes a completed prefill chunk's outputs into its chain and,
+// at the prompt's end, asks for an entry of its whole blocks.
+func (s *scheduler) prefixDone(w *work, out []byte) {
+	c := s.prefix
+	if c == nil {
+		return
+	}
+	ch := c.chains[w.st.id]
+	if ch == nil {
+		return
+	}
+	c.keep(ch, w.first, out)
+	if w.final {
+		if blocks := c.wants(ch); blocks > 0 {
+			s.fx.saves = append(s.fx.saves, saveOp{seq: w.seq, chain: ch, blocks: blocks})
+		}
+	}
+}
+
+// prefixDrop stops a session's chain: its cells were rewound.
+func (s *scheduler) prefixDrop(id string) {
+	if s.prefix != nil {
+		s.prefix.drop(id)
+	}
+}
+
+// drop marks session id's chain as broken until its next prompt.
+func (c *prefixCache) drop(id string) {
+	if ch := c.chains[id]; ch != nil {
+		ch.valid = false
+	}
+}

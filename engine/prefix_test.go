@@ -1,0 +1,102 @@
+package engine
+
+import (
+	"bytes"
+	"testing"
+
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+)
+
+// prefixOf feeds tokens to a fresh chain of session id in c.
+func prefixOf(c *prefixCache, id string, tokens []int32) *prefixChain {
+	ch := c.chain(id, 0)
+	c.feed(ch, int32Bytes(tokens), 4)
+	return ch
+}
+
+func testTokens(n, salt int) []int32 {
+	t := make([]int32, n)
+	for i := range t {
+		t[i] = int32((i*31 + salt) % 500)
+	}
+	return t
+}
+
+// An entry is found again by the same inputs, in whole blocks, at any
+// depth up to its own; an entry made under another identity (recipe,
+// range, model) or boundary dtype is never used, even for the same bytes.
+func TestPrefixCacheIdentity(t *testing.T) {
+	id := func(model, recipe string, start, end uint32) Identity {
+		return Identity{Fingerprint: &shardv1.Fingerprint{ModelArtifactDigest: model, RuntimeRecipeDigest: recipe},
+			Range: &shardv1.ShardRange{StartLayer: start, EndLayer: end}}
+	}
+	base := id("sha256:m", "r1", 0, 6)
+	c := newPrefixCache(1<<20, 8, 0, 1024, prefixSeed(base, "bf16"))
+	tokens := testTokens(30, 1) // 3 whole blocks of 8
+	ch := prefixOf(c, "a", tokens)
+	if blocks := c.wants(ch); blocks != 3 {
+		t.Fatalf("wants %d blocks, want 3", blocks)
+	}
+	c.insert(ch, 3, []byte("state"))
+	if c.wants(prefixOf(c, "a2", tokens)) != 0 {
+		t.Fatal("the same prefix is wanted again")
+	}
+	// The same prompt, a longer one, and one that differs in block 2.
+	if e, end := c.match(prefixOf(c, "b", tokens), 0, 30); e == nil || end != 24 {
+		t.Fatalf("same prompt: end %d", end)
+	}
+	if e, end := c.match(prefixOf(c, "c", append(testTokens(30, 1), testTokens(50, 2)...)), 8, 80); e == nil || end != 24 {
+		t.Fatalf("longer prompt from position 8: end %d", end)
+	}
+	other := testTokens(30, 1)
+	other[12]++
+	if _, end := c.match(prefixOf(c, "d", other), 0, 30); end != 8 {
+		t.Fatalf("a prompt that differs in block 2 matched to %d, want 8", end)
+	}
+	for name, seed := range map[string][32]byte{
+		"recipe":   prefixSeed(id("sha256:m", "r2", 0, 6), "bf16"),
+		"range":    prefixSeed(id("sha256:m", "r1", 0, 3), "bf16"),
+		"model":    prefixSeed(id("sha256:n", "r1", 0, 6), "bf16"),
+		"boundary": prefixSeed(base, "f32"),
+	} {
+		foreign := *c // the same entries, chains keyed from another identity
+		foreign.seed, foreign.chains = seed, map[string]*prefixChain{}
+		if e, _ := foreign.match(prefixOf(&foreign, "x", tokens), 0, 30); e != nil {
+			t.Errorf("another %s used this identity's entry", name)
+		}
+	}
+}
+
+// Entries are bounded in bytes, least recently used out first, and an
+// evicted entry's blocks are found no more; on a hidden-state shard an
+// entry keeps its blocks' output rows.
+func TestPrefixCacheBounded(t *testing.T) {
+	const row = 4
+	c := newPrefixCache(3*(100+8*row+32), 8, row, 1024, [32]byte{1})
+	var chains []*prefixChain
+	for i := range 5 {
+		ch := prefixOf(c, "s", testTokens(8, 10+i))
+		out := bytes.Repeat([]byte{byte(i)}, 8*row)
+		c.keep(ch, 0, out)
+		if c.wants(ch) != 1 {
+			t.Fatalf("entry %d not wanted", i)
+		}
+		c.insert(ch, 1, make([]byte, 100))
+		chains = append(chains, &prefixChain{keys: append([][32]byte(nil), ch.keys...), valid: true})
+	}
+	if got := c.entries.Cost(); got > 3*(100+8*row+32) {
+		t.Fatalf("%d bytes held", got)
+	}
+	for i, ch := range chains {
+		e, _ := c.match(ch, 0, 8)
+		if (e != nil) != (i >= 2) {
+			t.Fatalf("entry %d found %v after eviction", i, e != nil)
+		}
+		if e != nil && !bytes.Equal(e.out, bytes.Repeat([]byte{byte(i)}, 8*row)) {
+			t.Fatalf("entry %d: outputs %v", i, e.out)
+		}
+	}
+	if len(c.index) != 3 {
+		t.Fatalf("%d keys indexed, want 3", len(c.index))
+	}
+}
