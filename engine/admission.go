@@ -36,9 +36,7 @@ func (s *scheduler) keepRecent(sess *kvcache.Session, ref kvcache.StepRef) {
 // the byte budget pushes them out would keep their pooled buffers from
 // the pool.
 func (s *scheduler) dropResults(sess *kvcache.Session) {
-	if s.prefix != nil {
-		s.prefix.forget(sess.ID)
-	}
+	s.prefixKeep(sess)
 	for _, old := range sess.Results {
 		if r, ok := s.results.Remove(resultKey{sess.ID, old.Epoch, old.Step}); ok {
 			r.release()
@@ -72,11 +70,6 @@ const (
 // session's queue. Refused items are answered here.
 func (s *scheduler) admit(w *work) admitResult {
 	if w.admitted {
-		if w.prefixRows > 0 && w.done == w.tokens {
-			w.started, w.tm.started = s.now(), s.now()
-			s.complete(w) // every row from the prefix cache, now loaded
-			return admitDone
-		}
 		return admitRun
 	}
 	drop := func(err error) admitResult {
@@ -157,8 +150,13 @@ func (s *scheduler) admit(w *work) admitResult {
 	}
 	s.pin(w, sess)
 	w.sess, w.seq, w.admitted = sess, sess.Seq, true
-	if w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL && s.prefixHit(w) {
-		return admitWait // its rows run once the load is in (the next plan)
+	if w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL {
+		if r := s.prefixHit(w); r != admitRun {
+			return r
+		}
+	}
+	if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE {
+		s.prefixFeed(w)
 	}
 	return admitRun
 }

@@ -91,6 +91,14 @@ func (d *driver) run() {
 func (d *driver) step() {
 	fp, run := d.s.plan(d.s.now())
 	d.settle(0)
+	if d.s.loadFailed {
+		d.s.loadFailed = false
+		if run {
+			d.s.rewindPlanned() // nothing ran; every item is planned again
+			d.settle(0)
+		}
+		return
+	}
 	if !run {
 		return
 	}

@@ -183,8 +183,8 @@ func (s *scheduler) complete(w *work) {
 		sess.LastStep, sess.HasStep = w.step, true
 		if w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL {
 			sess.PrefillDone = w.final
-			s.prefixDone(w, r.body.Bytes())
 		}
+		s.prefixDone(w, r.body.Bytes())
 		if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE || sess.PrefillDone {
 			s.gather.done(w.st.id, now)
 		}

@@ -7,7 +7,9 @@ import (
 	"unsafe"
 
 	"github.com/meshnet/shardd/backend"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/lru"
+	"github.com/meshnet/shardd/kvcache"
 )
 
 // The prefix cache: a shard's KV cells and output rows for prompt prefixes
@@ -24,16 +26,19 @@ import (
 // batch-invariant, TestOpVariance), so cells and outputs found under a key
 // are the bits a forward would compute.
 //
-// An entry is made when a prompt's last chunk completes: the sequence's KV
-// state (backend.SeqStater) and, on a shard that produces hidden states,
-// the output rows of its whole blocks as they went out. It is indexed
+// An entry is made when a prompt's last chunk completes, and again when the
+// session's state is dropped (its generated tokens too, which a
+// conversation's next turn resends): the sequence's KV state
+// (backend.SeqStater) and, on a shard that produces hidden states, the
+// output rows of its whole blocks as they went out. It is indexed
 // under every one of its block keys. A prefill chunk whose session's
 // prompt so far matches the cache takes the deepest entry that matches
 // past the chunk's start: the entry's state replaces the sequence's (the
 // same bits up to where the sequence was), is trimmed to the matched
 // blocks, and the chunk's rows up to there are answered from the entry;
-// only the rest run. The last shard keeps no logits, so a row that must
-// produce logits always runs. Entries are copies: a session's own state,
+// only the rest run. The last shard keeps no logits, so the rows from the
+// first that must produce logits always run (the entry's cells are
+// trimmed there). Entries are copies: a session's own state,
 // its release, eviction, TTL and CACHE_MISS are what they were. Entries are
 // bounded in bytes, least recently used out first.
 type prefixCache struct {
@@ -183,7 +188,7 @@ func (c *prefixCache) insert(ch *prefixChain, blocks int, state []byte) {
 		e.out = append([]byte(nil), ch.out[:blocks*c.block*c.rowBytes]...)
 	}
 	for _, k := range e.keys {
-		if old, ok := c.index[k]; !ok || old.blocks() <= e.blocks() {
+		if _, ok := c.index[k]; !ok { // the entry found so far stays: its hits keep it
 			c.index[k] = e
 		}
 	}
@@ -218,20 +223,18 @@ func prefixMaxRows(info backend.Info) int { return min(info.CtxTokens, 8192) }
 // prefixHit feeds an admitted prefill chunk to its session's chain and,
 // when the cache holds the chain past the chunk's start, answers the
 // chunk's rows up to there from the entry: their outputs now, their cells
-// by a load the driver runs before the next forward (or undoes). A row
-// that must produce logits always runs; a chunk answered whole completes
-// at its next admission, once the load is in.
-func (s *scheduler) prefixHit(w *work) bool {
+// by a load the driver runs before the forward (or undoes). Rows from the
+// first that must produce logits on run (a chunk's last, on the last
+// shard: one row of 128); a chunk answered whole completes here.
+func (s *scheduler) prefixHit(w *work) admitResult {
 	c := s.prefix
 	if c == nil || w.done != 0 {
-		return false
+		return admitRun
 	}
-	ch := c.chain(w.st.id, w.first)
-	if s.info.TokensIn {
-		c.feed(ch, int32Bytes(w.tokenIDs[:w.tokens]), 4)
-	} else {
-		c.feed(ch, w.hiddenB, len(w.hiddenB)/w.tokens)
-	}
+	ch := s.prefixFeed(w)
+	// Blocks are matched up to the chunk's end; rows are answered up to
+	// the first that must produce logits (the entry's cells go further,
+	// and the load trims them there).
 	to := w.first + w.tokens
 	if s.info.LogitsOut {
 		for r := range w.tokens {
@@ -241,9 +244,9 @@ func (s *scheduler) prefixHit(w *work) bool {
 			}
 		}
 	}
-	e, end := c.match(ch, w.first, to)
-	if e == nil {
-		return false
+	e, end := c.match(ch, w.first, w.first+w.tokens)
+	if end = min(end, to); e == nil || end <= w.first {
+		return admitRun
 	}
 	n := end - w.first
 	if c.rowBytes > 0 {
@@ -256,7 +259,23 @@ func (s *scheduler) prefixHit(w *work) bool {
 	w.done, w.prefixRows = n, n
 	c.hits++
 	c.tokens += int64(n)
-	s.fx.loads = append(s.fx.loads, loadOp{seq: w.seq, first: w.first, to: end, state: e.state, undo: func() {
+	id, sess, first := w.st.id, w.sess, w.first
+	if w.done == w.tokens {
+		// Answered whole: complete now (the reply goes out after the
+		// load). Should the load not fit, the session is put back where
+		// this chunk began, and its next chunk is a declared CACHE_MISS.
+		s.fx.loads = append(s.fx.loads, loadOp{seq: w.seq, first: first, to: end, state: e.state, undo: func() {
+			c.drop(id)
+			s.store.Truncate(sess, first)
+		}})
+		w.started, w.tm.started = s.now(), s.now()
+		s.complete(w)
+		return admitDone
+	}
+	// The rest runs in this plan's forward, after the load (the driver
+	// runs no forward when a load does not fit, and the rows run whole in
+	// the next).
+	s.fx.loads = append(s.fx.loads, loadOp{seq: w.seq, first: first, to: end, state: e.state, undo: func() {
 		c.hits--
 		c.tokens -= int64(n)
 		w.done, w.prefixRows, w.outRows = 0, 0, 0
@@ -264,13 +283,48 @@ func (s *scheduler) prefixHit(w *work) bool {
 			w.out.Release()
 			w.out = nil
 		}
-		c.drop(w.st.id)
+		c.drop(id)
+		s.loadFailed = true
 	}})
-	return true
+	return admitRun
 }
 
-// prefixDone takes a completed prefill chunk's outputs into its chain and,
-// at the prompt's end, asks for an entry of its whole blocks.
+// prefixFeed adds an admitted item's inputs to its session's chain (a
+// prefill chunk from position 0 starts it afresh) and returns the chain.
+func (s *scheduler) prefixFeed(w *work) *prefixChain {
+	c := s.prefix
+	if c == nil {
+		return nil
+	}
+	ch := c.chain(w.st.id, w.first)
+	if s.info.TokensIn {
+		c.feed(ch, int32Bytes(w.tokenIDs[:w.tokens]), 4)
+	} else {
+		c.feed(ch, w.hiddenB, len(w.hiddenB)/w.tokens)
+	}
+	return ch
+}
+
+// prefixKeep makes an entry of a session whose state is dropped (released,
+// evicted, expired) from its whole blocks, prompt and generated tokens:
+// the next turn of a conversation resends them all. The save runs before
+// the sequence's cells are trimmed.
+func (s *scheduler) prefixKeep(sess *kvcache.Session) {
+	c := s.prefix
+	if c == nil {
+		return
+	}
+	if ch := c.chains[sess.ID]; ch != nil {
+		if blocks := c.wants(ch); blocks > 0 {
+			s.fx.saves = append(s.fx.saves, saveOp{seq: sess.Seq, chain: ch, blocks: blocks})
+		}
+	}
+	c.forget(sess.ID)
+}
+
+// prefixDone takes a completed prefill chunk's or decode step's outputs
+// into its chain and, at the prompt's end, asks for an entry of its whole
+// blocks.
 func (s *scheduler) prefixDone(w *work, out []byte) {
 	c := s.prefix
 	if c == nil {
@@ -281,7 +335,7 @@ func (s *scheduler) prefixDone(w *work, out []byte) {
 		return
 	}
 	c.keep(ch, w.first, out)
-	if w.final {
+	if w.final && w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL {
 		if blocks := c.wants(ch); blocks > 0 {
 			s.fx.saves = append(s.fx.saves, saveOp{seq: w.seq, chain: ch, blocks: blocks})
 		}

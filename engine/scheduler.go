@@ -30,6 +30,9 @@ type scheduler struct {
 	// prefix is the prefix cache; nil when off or when the backend cannot
 	// copy KV state.
 	prefix *prefixCache
+	// loadFailed: a prefix load of the planned forward did not fit; the
+	// forward must not run (its rows assumed the load).
+	loadFailed bool
 	queues map[string]*sessQueue // route session id -> its work, in order
 	ring   []*sessQueue          // sessions with work, for round robin
 	// spare are emptied queues kept for the next session with work, and

@@ -274,6 +274,14 @@ func (g *gen) chunkSize() int {
 	n := 128
 	if g.r.opts.PrefillChunk > 0 {
 		n = g.r.opts.PrefillChunk
+	} else if g.rowsKnown() {
+		n = 512
+		for i, s := range g.streams[1:] {
+			row := g.streams[i].hop.rowBytes.Load()
+			if m := int(s.limits.GetMaxChunkBytes()) * 7 / 8; m > 0 {
+				n = min(n, max(m/int(row), 1)) // 1/8 left for the envelope
+			}
+		}
 	}
 	for _, s := range g.streams {
 		if m := int(s.limits.GetMaxPrefillChunkTokens()); m > 0 && m < n {
@@ -281,6 +289,17 @@ func (g *gen) chunkSize() int {
 		}
 	}
 	return n
+}
+
+// rowsKnown reports whether every hop but the last has returned hidden
+// states, so their row sizes are known.
+func (g *gen) rowsKnown() bool {
+	for _, s := range g.streams[:len(g.streams)-1] {
+		if s.hop.rowBytes.Load() == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // open (re)opens hop i's stream.
@@ -752,7 +771,16 @@ func (g *gen) checkOutput(i int, ts []*shardv1.NamedTensor, rows int) error {
 		return bad("hidden_states shape %v for %d input rows", nt.Shape, rows)
 	}
 	*width = nt.Shape[1]
+	g.streams[i].hop.rowBytes.Store(nt.Shape[1] * int64(dtypeSize(nt.Dtype)))
 	return nil
+}
+
+// dtypeSize is the bytes of one element of a hidden-state dtype.
+func dtypeSize(d shardv1.DType) int {
+	if d == shardv1.DType_DTYPE_FLOAT32 {
+		return 4
+	}
+	return 2
 }
 
 // checkTop refuses a last hop's compact output of the wrong form: the two

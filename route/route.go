@@ -27,6 +27,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -46,7 +47,13 @@ type Options struct {
 	// envelope deadline. Default 60s.
 	StepTimeout time.Duration
 	// PrefillChunk is the most tokens per prefill chunk; 0 means the
-	// smallest max_prefill_chunk_tokens the hops grant, at most 128.
+	// smallest max_prefill_chunk_tokens the hops grant, at most 128 while
+	// the route has not returned hidden states yet and then at most 512
+	// and what keeps a chunk of hidden states within every hop's
+	// max_chunk_bytes. The chunks of a prompt go through the hops one
+	// after another, so fewer chunks are fewer round trips: a 480-token
+	// conversation history answered mostly by the workers' prefix caches
+	// takes one instead of four.
 	PrefillChunk int
 	// Retries per step per hop after a transport error. Default 3.
 	Retries int
@@ -101,8 +108,11 @@ type StepSample struct {
 type Hop struct {
 	Addr       string
 	Capability *shardv1.CapabilityReport
-	conn       *grpc.ClientConn // nil for a frame hop (relayed or direct)
-	client     shardv1.ShardRuntimeClient
+	// rowBytes is the size of one row of the hidden states this hop
+	// returned (0: none yet), which bounds the next hop's chunks.
+	rowBytes atomic.Int64
+	conn     *grpc.ClientConn // nil for a frame hop (relayed or direct)
+	client   shardv1.ShardRuntimeClient
 }
 
 // Route is a chain of workers that together hold every layer of a model.
