@@ -59,6 +59,9 @@
 //	a newer epoch supersedes; an older one is   -                          shardd.errors                        TestNewerEpochSupersedes
 //	  EPOCH_STALE
 //	idle sessions expire                        --session-ttl              shardd.evictions                     TestEvictedSessionMisses
+//	repeated prompt blocks answered from the    --prefix-cache-bytes,      shardd.prefix.hits,                  TestPrefixCacheIdentity,
+//	  prefix cache, bounded in bytes, never     --prefix-block             shardd.prefix.tokens,                TestPrefixCacheBounded
+//	  across identities                                                    shardd.prefix.bytes
 //
 // The scheduler is a state with a driver, as etcd's raft is built. The
 // state (scheduler.go; plan.go: planning; admission.go: admission and the

@@ -277,6 +277,7 @@ func (d *driver) publish(rows int) {
 		e.statPrefixHits.Store(p.hits)
 		e.statPrefixTokens.Store(p.tokens)
 		e.statPrefixBytes.Store(p.entries.Cost())
+		e.statPrefixMisfits.Store(p.misfits)
 	}
 	e.statBudgetRuns.Store(s.budgetRuns)
 	e.statBudgetHits.Store(s.budgetHits)

@@ -124,6 +124,7 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	gauge("shardd.gather.held", "seconds decode iterations have waited for their groups since start", func() float64 { return float64(e.statHeld.Load()) / 1e9 })
 	counter("shardd.prefix.hits", "prefill chunks that took rows from the prefix cache", e.statPrefixHits.Load)
 	counter("shardd.prefix.tokens", "prompt positions answered from the prefix cache instead of a forward", e.statPrefixTokens.Load)
+	counter("shardd.prefix.misfits", "prefix cache loads that found no room in the KV cache (their rows ran instead)", e.statPrefixMisfits.Load)
 	gauge("shardd.prefix.bytes", "bytes of KV state and output rows the prefix cache holds (bounded by --prefix-cache-bytes)", func() float64 { return float64(e.statPrefixBytes.Load()) })
 	counter("shardd.decode_due.waits", "prefill-only iterations not started because a decode step was due before one prefill token would finish", e.statDueWaits.Load)
 	o.occupancy, _ = m.Int64Histogram("shardd.batch.rows", metric.WithDescription("rows in each forward call"),

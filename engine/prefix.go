@@ -51,6 +51,9 @@ type prefixCache struct {
 	chains   map[string]*prefixChain
 
 	hits, tokens int64 // lookups that found rows, rows they answered
+	// misfits counts loads that found no room in the KV cache (the rows
+	// ran instead).
+	misfits int64
 }
 
 // prefixEntry is a cached prefix: blocks whole blocks, the KV state of a
@@ -265,6 +268,7 @@ func (s *scheduler) prefixHit(w *work) admitResult {
 		// load). Should the load not fit, the session is put back where
 		// this chunk began, and its next chunk is a declared CACHE_MISS.
 		s.fx.loads = append(s.fx.loads, loadOp{seq: w.seq, first: first, to: end, state: e.state, undo: func() {
+			c.misfits++
 			c.drop(id)
 			s.store.Truncate(sess, first)
 		}})
@@ -276,6 +280,7 @@ func (s *scheduler) prefixHit(w *work) admitResult {
 	// runs no forward when a load does not fit, and the rows run whole in
 	// the next).
 	s.fx.loads = append(s.fx.loads, loadOp{seq: w.seq, first: first, to: end, state: e.state, undo: func() {
+		c.misfits++
 		c.hits--
 		c.tokens -= int64(n)
 		w.done, w.prefixRows, w.outRows = 0, 0, 0

@@ -33,8 +33,8 @@ type scheduler struct {
 	// loadFailed: a prefix load of the planned forward did not fit; the
 	// forward must not run (its rows assumed the load).
 	loadFailed bool
-	queues map[string]*sessQueue // route session id -> its work, in order
-	ring   []*sessQueue          // sessions with work, for round robin
+	queues     map[string]*sessQueue // route session id -> its work, in order
+	ring       []*sessQueue          // sessions with work, for round robin
 	// spare are emptied queues kept for the next session with work, and
 	// decodes and prefills plan's lists, kept between plans: a decode step
 	// allocates nothing here (TestPlanDecodeStepAllocs).

@@ -67,6 +67,19 @@ func (r *Report) plots() []plot {
 			template.HTML(linePlot("TTFT by turn", axis{label: "turn"}, axis{label: "TTFT p50 (ms)"}, turns))})
 	}
 
+	var hits []plotSeries
+	for _, s := range runs {
+		for h, pts := range s.PrefixHitSeries {
+			if len(pts) > 0 {
+				hits = append(hits, plotSeries{Name: fmt.Sprintf("%s h%d", shortLabel(s.Label), h), Points: pts})
+			}
+		}
+	}
+	if len(hits) > 0 {
+		out = append(out, plot{"prefix-hits", "share of the prompt tokens sent so far that each hop's prefix cache answered",
+			template.HTML(linePlot("Prefix cache hit rate", axis{label: "seconds into the run"}, axis{label: "tokens from the cache / prompt tokens"}, hits))})
+	}
+
 	var cats []string
 	var vals [][]float64
 	for _, s := range runs {

@@ -233,6 +233,16 @@ func (r *Report) writeTurns(w io.Writer) {
 		}
 		fmt.Fprintf(w, "TTFT p50 by turn, %s: %s\n", s.Label, strings.Join(parts, ", "))
 	}
+	for _, s := range r.Runs {
+		if len(s.PrefixHitRate) == 0 || slices.Max(s.PrefixHitRate) == 0 {
+			continue
+		}
+		parts := make([]string, len(s.PrefixHitRate))
+		for i, v := range s.PrefixHitRate {
+			parts[i] = fmt.Sprintf("hop %d %.0f%%", i, 100*v)
+		}
+		fmt.Fprintf(w, "prefix cache, prompt tokens answered, %s: %s\n", s.Label, strings.Join(parts, ", "))
+	}
 }
 
 // WriteText prints the summary tables.

@@ -1,13 +1,17 @@
 package load
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +45,9 @@ type Target struct {
 	// CompactLogits: the head asks this target's last hop for compact
 	// output (route.Options.CompactLogits), whatever RunOptions say.
 	CompactLogits bool
+	// Metrics are the workers' Prometheus addresses in route order ("":
+	// none); when set, the run reports each hop's prefix cache hit rate.
+	Metrics []string
 }
 
 // RunOptions are a run's settings beyond its workload.
@@ -83,6 +90,8 @@ type recorder struct {
 	// tokens up to the cutoff.
 	cutoff time.Time
 	steady int
+	// prompts counts the prompt tokens the measured phase has sent.
+	prompts atomic.Int64
 }
 
 func newRecorder(hops int) *recorder {
@@ -252,8 +261,10 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	rec.on, rec.start = true, time.Now()
 	rec.mu.Unlock()
 	stopProgress := progress(opts, rec, w)
+	hits := sampleHits(t.Metrics, rec)
 	drive(ctx, rt, w, opts, rec, 0)
 	stopProgress()
+	hitRates, hitSeries := hits()
 	rec.mu.Lock()
 	rec.on = false
 	rec.mu.Unlock()
@@ -267,6 +278,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 		s.HarnessCPUPerTokenMicros = float64(cpu.Microseconds()) / float64(s.OutputTokens)
 	}
 	s.HostKdamondMillis = float64(kdCPU.Microseconds()) / 1000
+	s.PrefixHitRate, s.PrefixHitSeries = hitRates, hitSeries
 	if len(t.SpanFiles) > 0 {
 		end := time.Now()
 		time.Sleep(t.SpanFlush)
@@ -334,6 +346,9 @@ func drive(ctx context.Context, rt *route.Route, w Workload, opts RunOptions, re
 		return i, true
 	}
 	one := func(req route.Request, arrival time.Time, turn int) []int32 {
+		if rec != nil {
+			rec.prompts.Add(int64(len(req.Prompt)))
+		}
 		tr := &reqTrace{arrival: arrival, turn: turn}
 		tr.times = make([]time.Time, 0, req.MaxTokens)
 		var out []int32
@@ -520,4 +535,76 @@ func (r *recorder) summary(t Target, w Workload, label string) *Summary {
 	s.ITLSeries = slices.Clone(r.itlSeries.pts)
 	sort.Slice(s.ITLSeries, func(a, b int) bool { return s.ITLSeries[a][0] < s.ITLSeries[b][0] })
 	return s
+}
+
+// sampleHits reads each hop's prefix cache counter now and every second
+// until the returned function is called, which gives each hop's share of
+// the prompt tokens rec counted since that its cache answered, overall and
+// by second. No metrics: nothing.
+func sampleHits(metrics []string, rec *recorder) func() ([]float64, [][][2]float64) {
+	if len(metrics) == 0 || slices.Contains(metrics, "") {
+		return func() ([]float64, [][][2]float64) { return nil, nil }
+	}
+	read := func() []float64 {
+		out := make([]float64, len(metrics))
+		for i, m := range metrics {
+			out[i] = scrape(m, "shardd_prefix_tokens_total")
+		}
+		return out
+	}
+	start, base := time.Now(), read()
+	series := make([][][2]float64, len(metrics))
+	rate := func(now []float64) []float64 {
+		sent := float64(rec.prompts.Load())
+		out := make([]float64, len(now))
+		for i := range now {
+			if sent > 0 {
+				out[i] = (now[i] - base[i]) / sent
+			}
+		}
+		return out
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				t := time.Since(start).Seconds()
+				for i, r := range rate(read()) {
+					series[i] = append(series[i], [2]float64{t, r})
+				}
+			}
+		}
+	}()
+	return func() ([]float64, [][][2]float64) {
+		close(stop)
+		<-done
+		return rate(read()), series
+	}
+}
+
+// scrape reads one counter from a worker's /metrics (0 when it cannot).
+func scrape(addr, name string) float64 {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 2 && (f[0] == name || strings.HasPrefix(f[0], name+"{")) {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			return v
+		}
+	}
+	return 0
 }

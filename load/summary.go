@@ -110,9 +110,15 @@ type Summary struct {
 	// TurnTTFT is the TTFT p50 of each turn of the conversations, in
 	// milliseconds (Workload.Turns).
 	TurnTTFT []float64 `json:"turn_ttft_p50_ms,omitempty"`
-	ITL      Dist      `json:"itl"`
-	TPOT     Dist      `json:"tpot"`
-	E2E      Dist      `json:"e2e"`
+	// PrefixHitRate is, per hop, the share of the prompt tokens sent in
+	// the measured phase that the hop's prefix cache answered (from its
+	// shardd_prefix_tokens_total); PrefixHitSeries the same share so far,
+	// by second of the run. Empty when the workers' metrics are unknown.
+	PrefixHitRate   []float64      `json:"prefix_hit_rate,omitempty"`
+	PrefixHitSeries [][][2]float64 `json:"prefix_hit_series,omitempty"`
+	ITL             Dist           `json:"itl"`
+	TPOT            Dist           `json:"tpot"`
+	E2E             Dist           `json:"e2e"`
 
 	Hops []HopSummary `json:"hops"`
 	// Stages: per hop (in route order) the worker's per-stage span

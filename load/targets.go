@@ -84,9 +84,12 @@ func (s *Spawned) startRoute(ctx context.Context, sp Spawn) error {
 	info := TargetInfo{Name: "route", Threads: sp.Threads}
 	var specs []WorkerSpec
 	for i, p := range sp.Shards {
-		w := WorkerSpec{Model: p, Name: fmt.Sprintf("hop%d", i), Threads: sp.Threads[i], Args: sp.ServeArgs}
+		// Each worker's metrics on a port of its own, for the prefix cache's
+		// hit rate (hitRates).
+		args := append(slices.Clone(sp.ServeArgs), "--metrics-listen", "127.0.0.1:0")
+		w := WorkerSpec{Model: p, Name: fmt.Sprintf("hop%d", i), Threads: sp.Threads[i], Args: args}
 		if u, ok := sp.Relayed[i]; ok {
-			w.Args = append(slices.Clone(sp.ServeArgs), "--relay", u)
+			w.Args = append(args, "--relay", u)
 		}
 		if len(sp.CPUs) > 0 {
 			w.CPUs = sp.CPUs[i]
@@ -104,7 +107,7 @@ func (s *Spawned) startRoute(ctx context.Context, sp Spawn) error {
 		return err
 	}
 	s.clusters = append(s.clusters, c)
-	t.Addrs, t.Workers, info.Workers = c.Addrs, c.Addrs, c.Addrs
+	t.Addrs, t.Workers, info.Workers, t.Metrics = c.Addrs, c.Addrs, c.Addrs, c.Metrics
 	s.add(t, info)
 	if len(sp.Relayed) > 0 {
 		// The same workers, with the relayed hops reached through the relay.
