@@ -186,6 +186,9 @@ func (c *prefixCache) wants(ch *prefixChain) int {
 
 // insert makes an entry of the chain's first blocks with state.
 func (c *prefixCache) insert(ch *prefixChain, blocks int, state []byte) {
+	if _, ok := c.entries.Peek(ch.keys[blocks-1]); ok {
+		return // two sessions finished the same prompt in one forward
+	}
 	e := &prefixEntry{keys: append([][32]byte(nil), ch.keys[:blocks]...), state: state}
 	if c.rowBytes > 0 {
 		e.out = append([]byte(nil), ch.out[:blocks*c.block*c.rowBytes]...)
