@@ -201,13 +201,30 @@ func (c *prefixCache) insert(ch *prefixChain, blocks int, state []byte) {
 	c.entries.Put(e.keys[blocks-1], e, int64(len(e.state)+len(e.out)+32*blocks))
 }
 
-// unindex forgets an evicted entry's keys.
+// unindex forgets an evicted entry's keys, pointing each to the most
+// recently used other entry that holds the same block, if any: every
+// finished session adds an entry, so the one a hot prefix's keys point to
+// is often not the only one holding it.
 func (c *prefixCache) unindex(e *prefixEntry) {
+	lost := map[[32]byte]bool{}
 	for _, k := range e.keys {
 		if c.index[k] == e {
 			delete(c.index, k)
+			lost[k] = true
 		}
 	}
+	if len(lost) == 0 {
+		return
+	}
+	c.entries.All(func(_ [32]byte, o *prefixEntry) bool {
+		for _, k := range o.keys {
+			if lost[k] {
+				c.index[k] = o
+				delete(lost, k)
+			}
+		}
+		return len(lost) > 0
+	})
 }
 
 // forget drops a session's chain.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
@@ -98,5 +99,29 @@ func TestPrefixCacheBounded(t *testing.T) {
 	}
 	if len(c.index) != 3 {
 		t.Fatalf("%d keys indexed, want 3", len(c.index))
+	}
+
+	// Two entries share a first block; the one its key points to goes, and
+	// the block is found in the other.
+	c = newPrefixCache(2*(100+16*row+64), 8, row, 1024, [32]byte{2})
+	shared := testTokens(8, 1)
+	for i := range 2 {
+		ch := prefixOf(c, "s", append(slices.Clone(shared), testTokens(8, 20+i)...))
+		c.keep(ch, 0, make([]byte, 16*row))
+		c.insert(ch, 2, make([]byte, 100))
+	}
+	// The second entry used last: the first, which the shared key points
+	// to, is the least recently used.
+	if e, end := c.match(prefixOf(c, "x", append(slices.Clone(shared), testTokens(8, 21)...)), 0, 16); e == nil || end != 16 {
+		t.Fatal("second entry not found")
+	}
+	ch := prefixOf(c, "s", testTokens(16, 30)) // a third entry evicts the least recently used
+	c.keep(ch, 0, make([]byte, 16*row))
+	c.insert(ch, 2, make([]byte, 100))
+	if c.entries.Len() != 2 {
+		t.Fatalf("%d entries, want 2", c.entries.Len())
+	}
+	if e, end := c.match(prefixOf(c, "y", shared), 0, 8); e == nil || end != 8 {
+		t.Fatal("the shared block was lost with one of the entries holding it")
 	}
 }
