@@ -4,13 +4,11 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/verify"
 )
 
@@ -25,17 +23,7 @@ func TestDeterministicRoute(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs real workers")
 	}
-	dir := t.TempDir()
-	spec := gguf.Presets["tiny"]
-	spec.Seed = 3
-	model := filepath.Join(dir, "tiny.gguf")
-	if err := gguf.Generate(model, spec); err != nil {
-		t.Fatal(err)
-	}
-	shards, err := gguf.Split(model, gguf.EvenRanges(6, 2), dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	model, shards := tinySplit(t, 3)
 	// 17 KV streams of 256 tokens each.
 	args := []string{"--deterministic", "--max-sessions", "16", "--ctx-tokens", "4352"}
 	procs := []*proc{serve(t, shards[0], "127.0.0.1:0", args...), serve(t, shards[1], "127.0.0.1:0", args...)}

@@ -29,15 +29,7 @@ func TestPrefixCacheExact(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs real workers")
 	}
-	dir := t.TempDir()
-	model := filepath.Join(dir, "tiny.gguf")
-	if err := gguf.Generate(model, gguf.Presets["tiny"]); err != nil {
-		t.Fatal(err)
-	}
-	shards, err := gguf.Split(model, gguf.EvenRanges(6, 2), dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, shards := tinySplit(t, gguf.Presets["tiny"].Seed)
 	ports := []int{freePort(t), freePort(t)}
 	cached := []*proc{
 		serve(t, shards[0], "127.0.0.1:0", "--metrics-listen", fmt.Sprint("127.0.0.1:", ports[0])),
@@ -158,4 +150,22 @@ func metric(t *testing.T, port int, name string) float64 {
 	}
 	t.Fatalf("no %s on port %d", name, port)
 	return 0
+}
+
+// tinySplit generates the tiny preset with seed in a temporary folder and
+// splits it in two; it returns the model and its shards.
+func tinySplit(t *testing.T, seed uint64) (string, []string) {
+	t.Helper()
+	dir := t.TempDir()
+	spec := gguf.Presets["tiny"]
+	spec.Seed = seed
+	model := filepath.Join(dir, "tiny.gguf")
+	if err := gguf.Generate(model, spec); err != nil {
+		t.Fatal(err)
+	}
+	shards, err := gguf.Split(model, gguf.EvenRanges(6, 2), dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return model, shards
 }
