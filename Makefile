@@ -108,9 +108,16 @@ vet: deps
 ## numbers through llama.cpp on real models and every architecture) the race
 ## pass skips: they take twice as long under -race and check no
 ## concurrency the other tests do not (internal/race.Numeric).
+## A failing race pass ends by printing its race reports again: CI keeps
+## only the output's tail, where the package list would push them out.
 NUMERIC_PKGS := ./verify ./route
 unit: deps llama models
-	$(GO) test -race -tags invariants -timeout 30m ./...
+	@log=$$(mktemp); set -o pipefail; \
+	  if ! $(GO) test -race -tags invariants -timeout 30m ./... 2>&1 | tee $$log; then \
+	    if grep -q 'WARNING: DATA RACE' $$log; then \
+	      echo "== race reports again (the first 3) =="; \
+	      awk '/^WARNING: DATA RACE/{if(++n<=3)p=1} p{print} p&&/^==================/{p=0}' $$log; \
+	    fi; rm -f $$log; exit 1; fi; rm -f $$log
 	$(GO) test -tags invariants -timeout 30m $(NUMERIC_PKGS)
 
 ## fuzz: each fuzz target for FUZZTIME (10s in CI; try FUZZTIME=5m locally),

@@ -34,14 +34,18 @@ func smallWorkload(c, requests int) Workload {
 }
 
 // The report recovers what the route is known to cost: every forward of
-// the fake backend takes 4 ms, and a proxy adds 3 ms each way on hop 1
-// only. With one request in flight, the head must see hop exec 4 ms (+1.5)
-// on both hops, hop 0's wire under 2.5 ms, hop 1's wire 6 ms more than
-// hop 0's (+2 ms for the proxy's own copies: the round trip's added
-// latency), and each inter-token gap the sum of the hops (-0.5, +2 ms for
-// the head's own sampling and framing, on a busy machine).
+// the fake backend takes 8 ms, and a proxy adds 6 ms each way on hop 1
+// only. With one request in flight, the head must see hop exec 8 ms
+// (+2.5) on both hops, hop 0's wire under 4 ms, hop 1's wire 12 ms more
+// than hop 0's (+4 ms for the proxy's own copies), and each inter-token
+// gap the sum of the hops (-0.5, +5 ms for the head's own sampling and
+// framing). The costs are large enough that every bound still tells a
+// misattributed cost (8 ms of exec counted as wire, a hop counted twice)
+// from the scheduling noise of a -race run of every package on two CPUs,
+// where with 4 and 3 ms and bounds half as wide the test failed 2 runs in
+// 4 (ITL 2.5 ms over the hops, a wire difference 2.02 ms over).
 func TestReportRecoversKnownCosts(t *testing.T) {
-	const fwd, oneWay = 4 * time.Millisecond, 3 * time.Millisecond
+	const fwd, oneWay = 8 * time.Millisecond, 6 * time.Millisecond
 	workers := enginetest.ServeRoute(t, 2, fwd, engine.Config{})
 	addrs, px, err := StartLinks(workers, map[int]Link{1: {Latency: oneWay}})
 	if err != nil {
@@ -55,12 +59,6 @@ func TestReportRecoversKnownCosts(t *testing.T) {
 	if s.Requests != 8 || s.Errors != 0 || s.OutputTokens != 64 {
 		t.Fatalf("requests %d errors %d tokens %d, want 8, 0, 64", s.Requests, s.Errors, s.OutputTokens)
 	}
-	// Tolerances: a sleep overshoots by up to about a millisecond on a
-	// busy machine; loopback and the head's framing give a hop 0.3-0.9 ms
-	// of wire, the proxy's copies 0.3-0.6 ms more (measured, also under
-	// -race), and 1.51 ms once in CI with other packages' tests on the
-	// same two CPUs. Hop 0's wire bound only needs to tell wire from the
-	// 4 ms of exec (a harness that put one in the other).
 	within := func(name string, got, lo, hi float64) {
 		t.Helper()
 		if got < lo || got > hi {
@@ -69,17 +67,17 @@ func TestReportRecoversKnownCosts(t *testing.T) {
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	for i, h := range s.Hops {
-		within("hop exec p50 "+string(rune('0'+i)), h.Exec.P50, ms(fwd), ms(fwd)+1.5)
+		within("hop exec p50 "+string(rune('0'+i)), h.Exec.P50, ms(fwd), ms(fwd)+2.5)
 		if h.Exec.Count != 7*8 {
 			t.Errorf("hop %d: %d decode steps measured, want 56", i, h.Exec.Count)
 		}
 	}
-	within("hop 0 wire p50", s.Hops[0].Wire.P50, 0, 2.5)
-	within("hop 1 wire p50 - hop 0 wire p50", s.Hops[1].Wire.P50-s.Hops[0].Wire.P50, ms(2*oneWay), ms(2*oneWay)+2)
+	within("hop 0 wire p50", s.Hops[0].Wire.P50, 0, 4)
+	within("hop 1 wire p50 - hop 0 wire p50", s.Hops[1].Wire.P50-s.Hops[0].Wire.P50, ms(2*oneWay), ms(2*oneWay)+4)
 	// A token is the two hops one after the other, plus the head's own
 	// sampling and framing.
 	hops := s.Hops[0].Exec.P50 + s.Hops[0].Wire.P50 + s.Hops[1].Exec.P50 + s.Hops[1].Wire.P50
-	within("ITL p50", s.ITL.P50, max(ms(2*fwd+2*oneWay), hops-0.5), hops+2)
+	within("ITL p50", s.ITL.P50, max(ms(2*fwd+2*oneWay), hops-0.5), hops+5)
 	if s.Goodput != 1 {
 		t.Errorf("goodput %v with no SLO and no errors, want 1", s.Goodput)
 	}

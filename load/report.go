@@ -240,6 +240,9 @@ func (r *Report) writeTurns(w io.Writer) {
 		parts := make([]string, len(s.PrefixHitRate))
 		for i, v := range s.PrefixHitRate {
 			parts[i] = fmt.Sprintf("hop %d %.0f%%", i, 100*v)
+			if i < len(s.PrefixMisfits) && s.PrefixMisfits[i] > 0 {
+				parts[i] += fmt.Sprintf(" (%d loads found no room)", s.PrefixMisfits[i])
+			}
 		}
 		fmt.Fprintf(w, "prefix cache, prompt tokens answered, %s: %s\n", s.Label, strings.Join(parts, ", "))
 	}

@@ -264,7 +264,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	hits := sampleHits(t.Metrics, rec)
 	drive(ctx, rt, w, opts, rec, 0)
 	stopProgress()
-	hitRates, hitSeries := hits()
+	hitRates, hitSeries, misfits := hits()
 	rec.mu.Lock()
 	rec.on = false
 	rec.mu.Unlock()
@@ -278,7 +278,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 		s.HarnessCPUPerTokenMicros = float64(cpu.Microseconds()) / float64(s.OutputTokens)
 	}
 	s.HostKdamondMillis = float64(kdCPU.Microseconds()) / 1000
-	s.PrefixHitRate, s.PrefixHitSeries = hitRates, hitSeries
+	s.PrefixHitRate, s.PrefixHitSeries, s.PrefixMisfits = hitRates, hitSeries, misfits
 	if len(t.SpanFiles) > 0 {
 		end := time.Now()
 		time.Sleep(t.SpanFlush)
@@ -537,22 +537,24 @@ func (r *recorder) summary(t Target, w Workload, label string) *Summary {
 	return s
 }
 
-// sampleHits reads each hop's prefix cache counter now and every second
+// sampleHits reads each hop's prefix cache counters now and every second
 // until the returned function is called, which gives each hop's share of
 // the prompt tokens rec counted since that its cache answered, overall and
-// by second. No metrics: nothing.
-func sampleHits(metrics []string, rec *recorder) func() ([]float64, [][][2]float64) {
+// by second, and each hop's loads since that found no room in its KV
+// cache (shardd_prefix_misfits_total). No metrics: nothing.
+func sampleHits(metrics []string, rec *recorder) func() ([]float64, [][][2]float64, []int64) {
 	if len(metrics) == 0 || slices.Contains(metrics, "") {
-		return func() ([]float64, [][][2]float64) { return nil, nil }
+		return func() ([]float64, [][][2]float64, []int64) { return nil, nil, nil }
 	}
-	read := func() []float64 {
+	read := func(name string) []float64 {
 		out := make([]float64, len(metrics))
 		for i, m := range metrics {
-			out[i] = scrape(m, "shardd_prefix_tokens_total")
+			out[i] = scrape(m, name)
 		}
 		return out
 	}
-	start, base := time.Now(), read()
+	const tokens, misfits = "shardd_prefix_tokens_total", "shardd_prefix_misfits_total"
+	start, base, misfits0 := time.Now(), read(tokens), read(misfits)
 	series := make([][][2]float64, len(metrics))
 	rate := func(now []float64) []float64 {
 		sent := float64(rec.prompts.Load())
@@ -576,16 +578,21 @@ func sampleHits(metrics []string, rec *recorder) func() ([]float64, [][][2]float
 				return
 			case <-tick.C:
 				t := time.Since(start).Seconds()
-				for i, r := range rate(read()) {
+				for i, r := range rate(read(tokens)) {
 					series[i] = append(series[i], [2]float64{t, r})
 				}
 			}
 		}
 	}()
-	return func() ([]float64, [][][2]float64) {
+	return func() ([]float64, [][][2]float64, []int64) {
 		close(stop)
 		<-done
-		return rate(read()), series
+		m := read(misfits)
+		out := make([]int64, len(m))
+		for i := range m {
+			out[i] = int64(m[i] - misfits0[i])
+		}
+		return rate(read(tokens)), series, out
 	}
 }
 

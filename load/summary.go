@@ -116,9 +116,13 @@ type Summary struct {
 	// by second of the run. Empty when the workers' metrics are unknown.
 	PrefixHitRate   []float64      `json:"prefix_hit_rate,omitempty"`
 	PrefixHitSeries [][][2]float64 `json:"prefix_hit_series,omitempty"`
-	ITL             Dist           `json:"itl"`
-	TPOT            Dist           `json:"tpot"`
-	E2E             Dist           `json:"e2e"`
+	// PrefixMisfits is, per hop, the prefix cache loads during the run
+	// that found no room in the KV cache and ran their rows instead
+	// (shardd_prefix_misfits_total).
+	PrefixMisfits []int64 `json:"prefix_misfits,omitempty"`
+	ITL           Dist    `json:"itl"`
+	TPOT          Dist    `json:"tpot"`
+	E2E           Dist    `json:"e2e"`
 
 	Hops []HopSummary `json:"hops"`
 	// Stages: per hop (in route order) the worker's per-stage span
