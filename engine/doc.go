@@ -26,6 +26,10 @@
 //	prefill beside decode within the decode     --decode-budget            shardd.decode_budget.iterations,     TestPlanDecodeBudgetPacking,
 //	  budget, priced by the measured cost                                  shardd.decode_budget.kept,           TestPlanBudgetPricesTheMargin,
 //	  model (cost.go)                                                      shardd.cost.base, .per_row           TestPlanBesideRowsPricedAsMeasured
+//	prompts get no row beside at the measured   --iteration-tokens         shardd.prefill.beside_probes,        TestPlanBesidePriceRecovers
+//	  price: every 8th decode iteration takes                              shardd.cost.beside_row
+//	  some anyway, to measure it again; one
+//	  sample moves it at most 4x
 //	decode rows alone every 32nd iteration,     -                          shardd.cost.per_row                  TestPlanFirstDecodeAnchors
 //	  to keep their own time measured
 //	prefill: fewest tokens left first, oldest   -                          -                                    TestPlanPrefillShortestFirst,

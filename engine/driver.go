@@ -282,6 +282,8 @@ func (d *driver) publish(rows int) {
 	e.statBudgetRuns.Store(s.budgetRuns)
 	e.statBudgetHits.Store(s.budgetHits)
 	e.statDueWaits.Store(s.dueWaits)
+	e.statBesideProbes.Store(s.besideProbes)
+	e.statBesideRow.Store(int64(s.besideRow.v))
 	e.statHolds.Store(s.gather.holds)
 	e.statHoldsExpired.Store(s.gather.expired)
 	e.statHeld.Store(int64(s.gather.held))

@@ -66,6 +66,8 @@ type Engine struct {
 	statCostBase, statCostRow      atomic.Uint64
 	statBudgetRuns, statBudgetHits atomic.Int64
 	statDueWaits                   atomic.Int64 // prefill-only iterations held back for a due decode step
+	statBesideProbes               atomic.Int64 // decode iterations that took prefill rows to price them again
+	statBesideRow                  atomic.Int64 // the measured price of a prefill row beside decode rows, ns
 	// Decode iterations that waited for their group: holds ended, of them
 	// expired (the window ran out), and nanoseconds held.
 	statHolds, statHoldsExpired, statHeld atomic.Int64

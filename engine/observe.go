@@ -126,6 +126,8 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	counter("shardd.prefix.tokens", "prompt positions answered from the prefix cache instead of a forward", e.statPrefixTokens.Load)
 	counter("shardd.prefix.misfits", "prefix cache loads that found no room in the KV cache (their rows ran instead)", e.statPrefixMisfits.Load)
 	gauge("shardd.prefix.bytes", "bytes of KV state and output rows the prefix cache holds (bounded by --prefix-cache-bytes)", func() float64 { return float64(e.statPrefixBytes.Load()) })
+	gauge("shardd.cost.beside_row", "measured seconds of a prefill row beside decode rows (what prefill beside a decode step is priced at)", func() float64 { return float64(e.statBesideRow.Load()) / 1e9 })
+	counter("shardd.prefill.beside_probes", "decode iterations that took --iteration-tokens prefill rows while waiting prompts got none at the measured price, to price them again", e.statBesideProbes.Load)
 	counter("shardd.decode_due.waits", "prefill-only iterations not started because a decode step was due before one prefill token would finish", e.statDueWaits.Load)
 	o.occupancy, _ = m.Int64Histogram("shardd.batch.rows", metric.WithDescription("rows in each forward call"),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512))

@@ -38,7 +38,12 @@ func (s *scheduler) advance(o forwardOutcome) {
 				s.decodeOnly.t.add(took)
 				s.decodeOnly.rows.add(time.Duration(run.rows))
 			} else if alone, ok := s.decodeTime(s.lastDecodeRows); ok && s.decodeOnly.t.ok {
-				s.besideRow.add(max(took-alone, 0) / time.Duration(run.rows-s.lastDecodeRows))
+				d := max(took-alone, 0) / time.Duration(run.rows-s.lastDecodeRows)
+				if run.probe {
+					s.besideRow = ewma{v: d, ok: true} // a fresh price after none for a while
+				} else {
+					s.besideRow.add(besideSample(d, s.besideRow))
+				}
 			}
 		}
 		if run.limit > 0 {
@@ -62,6 +67,17 @@ func (s *scheduler) advance(o forwardOutcome) {
 		s.preempted = false // a prefill-only iteration ran to its end
 	}
 	s.distribute(o.out)
+}
+
+// besideSample is a measured price of a prefill row beside decode rows as
+// the average takes it: no more than 4x the average so far. A forward the
+// host stalled (kdamond took 250 ms in one run) would otherwise move it
+// 30x in one sample; a real rise still shows within a few.
+func besideSample(d time.Duration, avg ewma) time.Duration {
+	if avg.ok {
+		d = min(d, 4*avg.v)
+	}
+	return d
 }
 
 // rewindPlanned undoes a preempted iteration: every planned item goes back

@@ -16,6 +16,9 @@ type forwardPlan struct {
 	limit   time.Duration // the iteration's time budget (0: none)
 	// preemptible: a prefill-only iteration a decode step may stop.
 	preemptible bool
+	// probe: its prefill rows beside the decode rows are there to price
+	// them again (besideBudget); the price measured replaces the old one.
+	probe bool
 }
 
 // planned is one item's share of an iteration: rows [from, from+n).
@@ -72,11 +75,42 @@ func (s *scheduler) prefillBeside(rows int, limit time.Duration) int {
 	return s.cost.fitAfterAtLeast(t, limit, s.besideRow.v)
 }
 
+// besideProbeEvery: while prompts wait and the measured price of a prefill
+// row beside decode rows lets none in, one decode iteration in this many
+// takes --iteration-tokens prefill rows anyway, to price them again.
+const besideProbeEvery = 8
+
+// besideBudget is prefillBeside, except that while prompts wait (waiting)
+// and it is 0, every besideProbeEvery-th such iteration takes
+// --iteration-tokens rows (at least one), whose measured price replaces
+// the old one (forwardPlan.probe). The price is measured only on
+// iterations with prefill rows beside decode rows: without the probe, a
+// price once pushed too high (a forward stalled by the host, PERF.md
+// "Shared prefixes") let no prefill row in again, nothing measured it
+// again, and a busy worker's prompts waited for decoding sessions to end,
+// whole generations (TTFT p50 5.7 s against 0.7 s).
+func (s *scheduler) besideBudget(rows int, limit time.Duration, waiting bool) int {
+	n := s.prefillBeside(rows, limit)
+	if n > 0 || !waiting || !s.besideRow.ok {
+		s.besideStarved = 0
+		return n
+	}
+	s.besideStarved++
+	if s.besideStarved < besideProbeEvery {
+		return 0
+	}
+	s.besideStarved = 0
+	s.besideProbes++
+	s.probing = true
+	return max(s.cfg.IterationTokens, 1)
+}
+
 // plan decides the next iteration at now: decode steps first, then
 // prefill tokens up to the iteration's budget (orderPrefills). It returns
 // the forward to run, if any; refusals and trims it decides are in s.fx,
 // and a time to plan again at (a hold) in s.wake.
 func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
+	s.probing = false
 	decodes, prefills := s.admitHeads()
 	decodes, wait := s.gatherDecodes(now, decodes)
 	if wait {
@@ -94,7 +128,7 @@ func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
 		return forwardPlan{}, false
 	}
 	s.fwd = forwardPlan{items: s.planned, rows: rows, decodes: len(decodes), limit: limit,
-		preemptible: s.preemptible(now, len(decodes))}
+		preemptible: s.preemptible(now, len(decodes)), probe: s.probing}
 	return s.fwd, true
 }
 
@@ -170,7 +204,7 @@ func (s *scheduler) iterationBudget(now time.Time, decodes, prefills []*sessQueu
 		}
 		s.lastDecode, s.lastDecodeRows = now, rows
 		limit = s.decodeBudget(rows)
-		budget = rows + max(cfg.IterationTokens-rows, s.prefillBeside(rows, limit))
+		budget = rows + max(cfg.IterationTokens-rows, s.besideBudget(rows, limit, len(prefills) > 0))
 		if (s.sinceDecodeOnly >= decodeAnchorEvery || !s.decodeOnly.t.ok) && cfg.DecodeBudget == 0 {
 			budget = rows
 		}

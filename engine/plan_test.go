@@ -308,6 +308,57 @@ func TestPlanBesideRowsPricedAsMeasured(t *testing.T) {
 	}
 }
 
+// A price of prefill rows beside decode rows pushed too high by one
+// stalled forward does not keep prompts out for good: the sample counts
+// at most 4x the price so far, and while prompts get no row at the
+// measured price one decode iteration in besideProbeEvery takes
+// --iteration-tokens rows, which measure the price again; a normal
+// forward then brings it back down and prefill rides beside decode again.
+func TestPlanBesidePriceRecovers(t *testing.T) {
+	sc := newScript(t, Config{IterationTokens: 2, DecodeGroups: -1, DecodeQuiet: -1, MaxSessions: 12},
+		func(i *backend.Info) { i.MaxBatch, i.MaxSeqs, i.CtxTokens = 64, 13, 4096 })
+	ids := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	sc.prefilled(2, ids...)
+	round := func(took func(rows int) time.Duration) string {
+		for _, id := range ids {
+			sc.submit(id, 0)
+		}
+		p := sc.plan()
+		sc.run(took(sc.fp.rows))
+		for _, id := range ids {
+			sc.replies(id)
+		}
+		return p
+	}
+	price := func(rows int) time.Duration { return 8*time.Millisecond + time.Duration(rows)*time.Millisecond }
+	for range 40 { // decode rounds: anchor the decode time and fit the cost line
+		round(price)
+	}
+	sc.submit("p", 400)
+	beside := func(p string) bool { return strings.Contains(p, "p:p") }
+	if !beside(round(price)) {
+		t.Fatal("no prefill beside the decode rows at 1 ms a row")
+	}
+	before := sc.s.besideRow.v
+	// One stalled forward: 250 ms for its few prefill rows.
+	round(func(rows int) time.Duration { return price(rows) + 250*time.Millisecond })
+	if got := sc.s.besideRow.v; got > before+before*4/8 {
+		t.Fatalf("one stalled forward moved the price from %v to %v", before, got)
+	}
+	// Even a price that lets no row in comes back: probes measure it.
+	sc.s.besideRow.v = time.Second
+	var got []bool
+	for range 3 * besideProbeEvery {
+		got = append(got, beside(round(price)))
+	}
+	if got[0] || !slices.Contains(got[:besideProbeEvery], true) {
+		t.Fatalf("prefill beside decode by round at a 1 s price: %v, want a probe within %d rounds", got, besideProbeEvery)
+	}
+	if !got[len(got)-1] || sc.s.besideRow.v > 10*time.Millisecond {
+		t.Fatalf("the price did not come back (%v; beside by round %v)", sc.s.besideRow.v, got)
+	}
+}
+
 // The first decode iteration runs without prefill rows, whatever waits:
 // its time anchors the decode budget. The next one takes prefill beside
 // (here IterationTokens: the cost model has too few forwards to price rows).

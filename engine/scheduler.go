@@ -73,6 +73,12 @@ type scheduler struct {
 	// now and then to let a whole prefill chunk in beside a decode step:
 	// a 500 ms step.
 	besideRow ewma
+	// besideStarved counts decode iterations in a row that waiting prompts
+	// got no row beside at besideRow's price; besideProbes the iterations
+	// that took rows anyway to measure it again (besideBudget).
+	besideStarved int
+	besideProbes  int64
+	probing       bool // the iteration being planned is a probe
 	// budgetRuns and budgetHits count iterations with decode rows and
 	// those whose forward kept the decode budget.
 	budgetRuns, budgetHits int64
