@@ -29,9 +29,21 @@ type Config struct {
 	WorkDir string // where split files go; a temp dir when empty
 	Threads int
 	Decode  int // decode steps after the prefill (16)
+	// GPULayers and Device put every model's layers (the whole model's,
+	// each shard's) on a GPU, as llamacpp.Config's: the comparison is
+	// then of the device's forward with itself, split and whole.
+	GPULayers int
+	Device    string
 	// Boundaries to check; both by default.
 	Boundaries []Boundary
 	Log        func(format string, args ...any)
+}
+
+// backend is the configuration of every model verify opens: path, its
+// residual stream rounded to bf16 after the layers in round.
+func (c Config) backend(path string, round []int) llamacpp.Config {
+	return llamacpp.Config{Path: path, Threads: c.Threads, MaxSeqs: 2, CtxTokens: 256, MaxBatch: 64, RoundBF16: round,
+		GPULayers: c.GPULayers, Device: c.Device}
 }
 
 // Result is one split compared with its reference: the whole model at an
@@ -245,7 +257,7 @@ func Run(cfg Config) ([]Result, error) {
 		cfg.WorkDir = dir
 	}
 	open := func(path string) (*llamacpp.Backend, error) {
-		return llamacpp.Open(llamacpp.Config{Path: path, Threads: cfg.Threads, MaxSeqs: 2, CtxTokens: 256, MaxBatch: 64})
+		return llamacpp.Open(cfg.backend(path, nil))
 	}
 	full, err := open(cfg.Model)
 	if err != nil {
@@ -285,7 +297,7 @@ func Run(cfg Config) ([]Result, error) {
 		}
 		for _, bd := range cfg.Boundaries {
 			r, err := compareSplit(shards, ranges, bd, steps, want, vocab, func(round []int) (backend.Backend, error) {
-				return llamacpp.Open(llamacpp.Config{Path: cfg.Model, Threads: cfg.Threads, MaxSeqs: 2, CtxTokens: 256, MaxBatch: 64, RoundBF16: round})
+				return llamacpp.Open(cfg.backend(cfg.Model, round))
 			})
 			if err != nil {
 				closeAll(shards)

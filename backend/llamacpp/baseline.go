@@ -26,9 +26,7 @@ type Plain struct {
 // OpenPlain loads path with a context of nCtx tokens and threads threads.
 func OpenPlain(path string, nCtx, threads int) (*Plain, error) {
 	initOnce.Do(func() { backendInit(false) })
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
-	model := C.shardd_load_model(cpath)
+	model := loadModel(path, nil, 0)
 	if model == nil {
 		return nil, fmt.Errorf("llamacpp: load %s failed", path)
 	}

@@ -22,7 +22,6 @@ package llamacpp
 
 /*
 #cgo CFLAGS: -std=c11
-#cgo LDFLAGS: -lshardd_llama -lstdc++ -lm
 #include <stdlib.h>
 #include <string.h>
 #include "shim.h"
@@ -83,6 +82,14 @@ type Config struct {
 	// reference `verify` compares a bf16 route with bitwise. Never set on
 	// a serving worker.
 	RoundBF16 []int
+	// GPULayers puts that many of the shard's layers, from the last, and
+	// their KV cache on a GPU (AllLayers: every layer and the output
+	// layer); 0 keeps everything on the CPU. With no such device Open
+	// fails with ErrNoGPU.
+	GPULayers int
+	// Device picks the GPU: its index among GPUs() or its name ("CUDA0");
+	// "" is the first.
+	Device string
 	// SeparateKV gives each sequence a KV stream of its own
 	// (CtxTokens/MaxSeqs cells) instead of one buffer shared by all, so a
 	// sequence's cells lie in position order, as they would if it were
@@ -150,12 +157,19 @@ func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
 		cfg.MaxBatch = 512
 	}
 
-	cpath := C.CString(cfg.Path)
-	defer C.free(unsafe.Pointer(cpath))
+	gpu, ngl, err := placement(cfg, meta.BlockCount)
+	if err != nil {
+		return nil, err
+	}
 	b := &Backend{meta: meta}
-	b.model = C.shardd_load_model(cpath)
+	b.model = loadModel(cfg.Path, gpu, ngl)
 	if b.model == nil {
 		return nil, fmt.Errorf("llamacpp: llama.cpp could not load %s (see log)", shortName(cfg.Path))
+	}
+	name, device := Version+" cpu", cpuName()
+	if gpu != nil {
+		name = fmt.Sprintf("%s %s %d/%d", Version, GPUBuild(), min(ngl, meta.BlockCount+1), meta.BlockCount+1)
+		device = gpuDevice(gpu, ngl, meta.BlockCount)
 	}
 	b.info = backend.Info{
 		TokensIn:  meta.First(),
@@ -167,8 +181,8 @@ func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
 		CtxTokens: cfg.CtxTokens,
 		MaxBatch:  cfg.MaxBatch,
 		Threads:   cfg.Threads,
-		Name:      Version + " cpu",
-		Device:    cpuName(),
+		Name:      name,
+		Device:    device,
 	}
 	if b.info.Layers != meta.BlockCount {
 		b.Close()

@@ -40,9 +40,60 @@ void shardd_backend_init(int verbose) {
     llama_backend_init();
 }
 
-struct llama_model *shardd_load_model(const char *path) {
+// shardd_gpu returns the i-th GPU device, or NULL.
+static ggml_backend_dev_t shardd_gpu(int32_t i) {
+    for (size_t d = 0; d < ggml_backend_dev_count(); d++) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(d);
+        if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_GPU && i-- == 0) {
+            return dev;
+        }
+    }
+    return NULL;
+}
+
+int32_t shardd_gpu_count(void) {
+    int32_t n = 0;
+    while (shardd_gpu(n) != NULL) {
+        n++;
+    }
+    return n;
+}
+
+bool shardd_gpu_info(int32_t i, char *name, size_t name_len, char *desc, size_t desc_len, size_t *free_b,
+                     size_t *total_b) {
+    ggml_backend_dev_t dev = shardd_gpu(i);
+    if (dev == NULL) {
+        return false;
+    }
+    snprintf(name, name_len, "%s", ggml_backend_dev_name(dev));
+    snprintf(desc, desc_len, "%s", ggml_backend_dev_description(dev));
+    ggml_backend_dev_memory(dev, free_b, total_b);
+    return true;
+}
+
+const char *shardd_gpu_build(void) {
+#ifdef GGML_USE_CUDA
+    return "cuda";
+#else
+    return "";
+#endif
+}
+
+struct llama_model *shardd_load_model(const char *path, int32_t n_gpu_layers, int32_t gpu) {
     struct llama_model_params p = llama_model_default_params();
-    p.n_gpu_layers = 0;
+    // An empty list (its NULL alone) keeps llama.cpp from taking every
+    // device it finds: layers go where the caller says, or stay on the CPU.
+    ggml_backend_dev_t devs[2] = {NULL, NULL};
+    if (n_gpu_layers > 0) {
+        devs[0] = shardd_gpu(gpu);
+        if (devs[0] == NULL) {
+            return NULL;
+        }
+    }
+    p.devices = devs;
+    p.n_gpu_layers = n_gpu_layers;
+    p.split_mode = LLAMA_SPLIT_MODE_NONE;
+    p.main_gpu = devs[0] != NULL ? 0 : -1; // -1: no device at all
     p.use_mmap = true;
     p.progress_callback = shardd_quiet_progress;
     return llama_model_load_from_file(path, p);

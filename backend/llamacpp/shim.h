@@ -25,7 +25,19 @@ typedef struct shardd_capture {
 } shardd_capture;
 
 void shardd_backend_init(int verbose);
-struct llama_model *shardd_load_model(const char *path);
+// shardd_load_model loads path with n_gpu_layers of its layers (more than
+// it has: the output layer too) on GPU device gpu (an index into
+// shardd_gpu_*), and nothing on a device when n_gpu_layers is 0.
+struct llama_model *shardd_load_model(const char *path, int32_t n_gpu_layers, int32_t gpu);
+
+// The GPU devices ggml registered (none in a CPU-only build): how many, and
+// the i-th's name ("CUDA0"), description and memory in bytes. false: no
+// such device.
+int32_t shardd_gpu_count(void);
+bool shardd_gpu_info(int32_t i, char *name, size_t name_len, char *desc, size_t desc_len, size_t *free_b,
+                     size_t *total_b);
+// shardd_gpu_build names the GPU backend compiled in ("cuda"), or is "".
+const char *shardd_gpu_build(void);
 struct llama_context *shardd_new_context(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
                                          uint32_t n_ubatch, uint32_t n_seq_max, int32_t threads,
                                          bool kv_unified, shardd_capture *cap);

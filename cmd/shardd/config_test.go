@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnet/shardd/backend/llamacpp"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/load"
 )
@@ -26,12 +27,19 @@ func TestParseServe(t *testing.T) {
 	if c.relayAddr != "127.0.0.1:9" || c.relayName != "w1" {
 		t.Fatalf("relay %q %q", c.relayAddr, c.relayName)
 	}
+	g, err := parseServe([]string{"--model", "m.gguf", "--gpu-layers", "all", "--device", "CUDA1", "--gpu-fallback", "cpu"})
+	if err != nil || g.backend.GPULayers != llamacpp.AllLayers || g.backend.Device != "CUDA1" || !g.gpuFallback {
+		t.Fatalf("gpu flags: %+v %v", g, err)
+	}
+	if g, err = parseServe([]string{"--model", "m.gguf", "--gpu-layers", "5"}); err != nil || g.backend.GPULayers != 5 || g.gpuFallback {
+		t.Fatalf("--gpu-layers 5: %+v %v", g, err)
+	}
 	d, err := parseServe([]string{"--model", "m.gguf"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d.engine.MaxSessions != 16 || d.engine.MaxPrefillChunkTokens != 512 || d.engine.Boundary != shardv1.DType_DTYPE_BFLOAT16 ||
-		!d.engine.RequireChecksum || d.drainTimeout != 30*time.Second || d.relayAddr != "" {
+		!d.engine.RequireChecksum || d.drainTimeout != 30*time.Second || d.relayAddr != "" || d.backend.GPULayers != 0 {
 		t.Fatalf("defaults: %+v", d.engine)
 	}
 	for _, tc := range []struct {
@@ -47,6 +55,11 @@ func TestParseServe(t *testing.T) {
 		{[]string{"--model", "m", "--relay", "nowhere"}, "--relay"},
 		{[]string{"--model", "m", "--log-level", "loud"}, "--log-level"},
 		{[]string{"--model", "m", "--max-inflight", "-1"}, "max-inflight"},
+		{[]string{"--model", "m", "--gpu-layers", "most"}, "--gpu-layers"},
+		{[]string{"--model", "m", "--gpu-layers", "-2"}, "--gpu-layers"},
+		{[]string{"--model", "m", "--gpu-layers", "all", "--gpu-fallback", "maybe"}, "--gpu-fallback"},
+		{[]string{"--model", "m", "--device", "CUDA0"}, "--device"},
+		{[]string{"--model", "m", "--gpu-layers", "all", "--deterministic"}, "--deterministic"},
 	} {
 		if _, err := parseServe(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err %v, want one naming %s", tc.args, err, tc.want)

@@ -281,6 +281,8 @@ func runVerify(args []string) error {
 	shardsFlag := fs.String("shards", "2,3", "comma-separated shard counts")
 	threads := fs.Int("threads", 0, "forward threads (0: all cores)")
 	steps := fs.Int("decode", 16, "decode steps")
+	gpuLayers := fs.Int("gpu-layers", 0, "put this many layers of every model compared (the whole model's, each shard's) on a GPU, as serve's (-1: all); needs a GPU build (make build-cuda)")
+	device := fs.String("device", "", "with --gpu-layers: the GPU, by index or name (CUDA0); default: the first")
 	promptFile := fs.String("prompts", "", "also measure, on this JSONL of real prompts (as bench --prompts, e.g. "+load.DefaultPrompts+"), how many of --decode greedy tokens a bf16 route flips against the unrounded whole model, with their margins")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -297,7 +299,7 @@ func runVerify(args []string) error {
 		splits = append(splits, n)
 	}
 	results, err := verify.Run(verify.Config{Model: *model, Splits: splits, Threads: *threads, Decode: *steps,
-		Log: func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
+		GPULayers: *gpuLayers, Device: *device, Log: func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
 	if err != nil {
 		return err
 	}

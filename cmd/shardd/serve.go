@@ -45,7 +45,10 @@ type serveConfig struct {
 	relayAddr, relayName string
 	backend              llamacpp.Config
 	engine               engine.Config
-	drainTimeout         time.Duration
+	// gpuFallback: serve on the CPU when --gpu-layers finds no device
+	// (else refuse to start).
+	gpuFallback  bool
+	drainTimeout time.Duration
 	log                  *slog.Logger
 	tls                  *tlsFlags
 	tel                  *telemetryFlags
@@ -121,6 +124,9 @@ func parseServe(args []string) (*serveConfig, error) {
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "how long a drain waits for open sessions and queued work")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	c.tel = addTelemetryFlags(fs)
+	gpuLayers := fs.String("gpu-layers", "0", "put this many of the shard's layers (from its last), and their KV cache, on a GPU; 'all': every layer and the output layer. Needs a GPU build (make build-cuda); 0: CPU only")
+	fs.StringVar(&b.Device, "device", "", "with --gpu-layers: the GPU, by index or name (CUDA0); default: the first")
+	gpuFallback := fs.String("gpu-fallback", "refuse", "with --gpu-layers and no usable GPU (a CPU-only build, no device, no driver): 'refuse' to start, or 'cpu' to serve every layer on the CPU (logged, and GetCapability's device says so)")
 	fs.IntVar(&b.Poll, "poll", 0, "llama.cpp threadpool polling after a forward, 0..100: spinning answers the next step sooner but burns the cores; keep 0 where workers share a machine")
 	pin := fs.String("pin-threads", "auto", "pin the forward threads one per CPU: on, off, or auto (on when --threads uses every CPU this process may run on, as with taskset or a cpuset); two compute threads sharing a CPU stall llama.cpp's spinning barriers")
 	fs.BoolVar(&b.Verbose, "verbose", false, "pass llama.cpp's own logs through")
@@ -131,6 +137,9 @@ func parseServe(args []string) (*serveConfig, error) {
 		return nil, err
 	}
 	if err := c.validate(*boundary, *pin, *relayAt, *logLevel); err != nil {
+		return nil, err
+	}
+	if err := c.validateGPU(*gpuLayers, *gpuFallback); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -186,6 +195,51 @@ func (c *serveConfig) validate(boundary, pin, relayAt, logLevel string) error {
 	return err
 }
 
+// validateGPU parses --gpu-layers and --gpu-fallback.
+func (c *serveConfig) validateGPU(layers, fallback string) error {
+	b := &c.backend
+	switch n, err := strconv.Atoi(layers); {
+	case layers == "all":
+		b.GPULayers = llamacpp.AllLayers
+	case err != nil || n < 0:
+		return fmt.Errorf("--gpu-layers must be a number of layers (0 or more) or all")
+	default:
+		b.GPULayers = n
+	}
+	switch fallback {
+	case "refuse":
+	case "cpu":
+		c.gpuFallback = true
+	default:
+		return fmt.Errorf("--gpu-fallback must be refuse or cpu")
+	}
+	if b.Device != "" && b.GPULayers == 0 {
+		return fmt.Errorf("--device needs --gpu-layers")
+	}
+	if b.GPULayers != 0 && c.engine.Deterministic {
+		// The exact mode rests on every CPU kernel being batch-invariant
+		// (TestOpVariance); CUDA's choose kernels and splits by batch size.
+		return fmt.Errorf("--deterministic runs on the CPU only: its batch invariance is proven for ggml's CPU kernels, not CUDA's (README: The GPU forward)")
+	}
+	return nil
+}
+
+// openBackend opens the shard where --gpu-layers says; with no usable GPU
+// it refuses, or with --gpu-fallback cpu serves on the CPU and says so.
+func (c *serveConfig) openBackend(meta gguf.Meta) (*llamacpp.Backend, error) {
+	be, err := llamacpp.OpenMeta(c.backend, meta)
+	if err == nil || !errors.Is(err, llamacpp.ErrNoGPU) {
+		return be, err
+	}
+	if !c.gpuFallback {
+		return nil, fmt.Errorf("serve: --gpu-layers: %w (--gpu-fallback cpu serves on the CPU instead)", err)
+	}
+	c.log.Warn("no usable GPU: serving every layer on the CPU (--gpu-fallback cpu)", "reason", err.Error())
+	cpu := c.backend
+	cpu.GPULayers, cpu.Device = 0, ""
+	return llamacpp.OpenMeta(cpu, meta)
+}
+
 func runServe(args []string) error {
 	c, err := parseServe(args)
 	if err != nil {
@@ -213,7 +267,7 @@ func (c *serveConfig) run() error {
 		// A line scripts read (--metrics-listen may pick a free port).
 		fmt.Printf("shardd: metrics on %s\n", tel.MetricsAddr)
 	}
-	be, err := llamacpp.OpenMeta(c.backend, meta)
+	be, err := c.openBackend(meta)
 	if err != nil {
 		return err
 	}
@@ -277,7 +331,7 @@ func setHealth(hs *health.Server, status healthpb.HealthCheckResponse_ServingSta
 func (c *serveConfig) logServing(addr net.Addr, be *llamacpp.Backend, meta gguf.Meta, eng *engine.Engine) {
 	info := be.Info()
 	c.log.Info("serving", "listen", addr.String(), "layers", fmt.Sprintf("%d:%d of %d", meta.Start, meta.End, meta.Total),
-		"tokens_in", info.TokensIn, "logits_out", info.LogitsOut, "threads", info.Threads, "pinned", be.Pinned(), "state", eng.State().String(),
+		"tokens_in", info.TokensIn, "logits_out", info.LogitsOut, "device", info.Device, "threads", info.Threads, "pinned", be.Pinned(), "state", eng.State().String(),
 		"model_digest", eng.Identity().Fingerprint.ModelArtifactDigest, "recipe_digest", eng.Identity().Fingerprint.RuntimeRecipeDigest)
 	sessions := c.engine.MaxSessions
 	c.log.Info("kv", "tokens", info.CtxTokens, "sessions", sessions, "tokens_per_session_all_open", info.CtxTokens/max(sessions, 1),

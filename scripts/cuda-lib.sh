@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# cuda-lib.sh: the CUDA toolkit from PyPI wheels, and ggml's CUDA backend
+# compiled from the pinned ollama module into one static library,
+# libshardd_ggml_cuda.a, for `make build-cuda`.
+#
+#   scripts/cuda-lib.sh --toolkit   fetch the toolkit if missing, print its folder
+#   scripts/cuda-lib.sh             also build the library if missing, print its folder
+#   scripts/cuda-lib.sh --dir       print the library's folder only (no build)
+#   scripts/cuda-lib.sh --dry-run   print what would be fetched and compiled
+#
+# CUDA_ARCHS lists the GPU architectures ("80 89 90", the default: A100,
+# L4/L40/RTX 40, H100/H200); each is compiled as real code plus the PTX of
+# the newest, so a later GPU can JIT it. One architecture compiles about
+# three times faster than three.
+#
+# The toolkit is NVIDIA's CUDA 13 wheels (nvcc, the runtime, cuBLAS, CCCL),
+# downloaded with pip (no install, no dependencies) into
+# $SHARDD_CUDA_CACHE (default ~/.cache/shardd/cuda) and unpacked there:
+# nothing is installed system-wide and nothing is committed. Their CUDA 12
+# counterparts ship no nvcc driver (ptxas and libnvvm only), so CUDA 13 it
+# is: running the binary needs an NVIDIA driver for CUDA 13 (580 or later).
+#
+# The sources are ggml-cuda's own list (its CMakeLists.txt): every *.cu, and
+# of the template instances the flash-attention tiles and MMA kernels, the
+# quantized matmuls, and the vector flash attention for f16, q4_0 and q8_0
+# KV only. Flags are the CMake build's release flags, with GGML_CUDA_NO_VMM
+# (no link against the driver library, libcuda, which only a machine with a
+# GPU has) and CUDA graphs on. The library lands beside libshardd_llama.a,
+# under $(go env GOCACHE)/shardd-llama/, keyed by this script, the module
+# version, the toolkit, the host compiler and the architectures.
+set -euo pipefail
+
+GO=${GO:-go}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+toolkit_ver=13.5.37
+# name==version of each wheel; the toolkit is these, unpacked together.
+wheels="nvidia-cuda-nvcc==13.5.37 nvidia-nvvm==13.5.37 nvidia-cuda-crt==13.5.37 nvidia-cuda-runtime==13.5.37
+nvidia-cublas==13.10.0.20 nvidia-cuda-cccl==13.3.5.0.6"
+archs=${CUDA_ARCHS:-80 89 90}
+cache=${SHARDD_CUDA_CACHE:-$HOME/.cache/shardd/cuda}
+tk=$cache/toolkit-$toolkit_ver
+
+mod_dir=$($GO list -m -f '{{.Dir}}' github.com/ollama/ollama)
+mod_ver=$($GO list -m -f '{{.Version}}' github.com/ollama/ollama)
+ggml=$mod_dir/ml/backend/ggml/ggml
+cu=$ggml/src/ggml-cuda
+
+sources() {
+	ls "$cu"/*.cu
+	ls "$cu"/template-instances/fattn-tile*.cu "$cu"/template-instances/fattn-mma*.cu \
+		"$cu"/template-instances/mmq*.cu "$cu"/template-instances/mmf*.cu 2>/dev/null || true
+	ls "$cu"/template-instances/fattn-vec*q4_0-q4_0.cu "$cu"/template-instances/fattn-vec*q8_0-q8_0.cu \
+		"$cu"/template-instances/fattn-vec*f16-f16.cu 2>/dev/null || true
+}
+
+gencode() {
+	local a last=""
+	for a in $archs; do
+		case $a in *[!0-9]*) echo "cuda-lib: CUDA_ARCHS must be numbers such as 90, not $a" >&2; exit 2 ;; esac
+		printf -- '-gencode=arch=compute_%s,code=sm_%s ' "$a" "$a"
+		last=$a
+	done
+	[ -n "$last" ] || { echo "cuda-lib: CUDA_ARCHS is empty" >&2; exit 2; }
+	printf -- '-gencode=arch=compute_%s,code=compute_%s' "$last" "$last"
+}
+
+defs="-DNDEBUG -DGGML_USE_CUDA -DGGML_CUDA_NO_VMM -DGGML_CUDA_USE_GRAPHS -DGGML_CUDA_PEER_MAX_BATCH_SIZE=128 -DGGML_VERSION=0x0 -DGGML_COMMIT=0x0"
+nvflags="-O3 -std=c++17 -use_fast_math -extended-lambda -compress-mode=size -Xcompiler -fPIC,-Wno-pedantic"
+
+if [ "${1:-}" = --dry-run ]; then
+	echo "toolkit: $tk (CUDA $toolkit_ver), wheels: $(echo $wheels)"
+	echo "architectures: $archs ($(gencode))"
+	echo "sources: $(sources | wc -l) files from $cu"
+	echo "nvcc $nvflags $defs -I$ggml/include -I$ggml/src -I$cu -c FILE.cu"
+	exit 0
+fi
+
+# fetch_toolkit downloads and unpacks the wheels once.
+fetch_toolkit() {
+	[ -x "$tk/bin/nvcc" ] && return 0
+	local pip
+	if command -v pip3 >/dev/null 2>&1; then pip="pip3"
+	elif python3 -m pip --version >/dev/null 2>&1; then pip="python3 -m pip"
+	else echo "cuda-lib: pip is needed to fetch the CUDA wheels (apt-get install python3-pip)" >&2; exit 1
+	fi
+	echo "cuda-lib: fetching the CUDA $toolkit_ver toolkit wheels (about 570 MB) into $cache" >&2
+	mkdir -p "$cache/wheels"
+	# shellcheck disable=SC2086
+	$pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64 \
+		--platform manylinux_2_28_x86_64 --platform manylinux1_x86_64 -d "$cache/wheels" $wheels >&2
+	local tmp
+	tmp=$(mktemp -d "$cache/toolkit.XXXXXX")
+	local w name
+	for w in $wheels; do
+		name=$(echo "${w%%==*}" | tr - _)
+		unzip -q -o "$cache/wheels/${name}-${w##*==}-"*.whl 'nvidia/*' -d "$tmp"
+	done
+	chmod +x "$tmp"/nvidia/cu13/bin/* "$tmp"/nvidia/cu13/nvvm/bin/*
+	# Unversioned names for the linker (-lcublas finds libcublas.so).
+	local so
+	for so in "$tmp"/nvidia/cu13/lib/lib*.so.*; do
+		ln -sf "$(basename "$so")" "${so%.so.*}.so"
+	done
+	rm -rf "$tk"
+	mv "$tmp/nvidia/cu13" "$tk"
+	rm -rf "$tmp" "$cache/wheels"
+}
+
+fetch_toolkit
+if [ "${1:-}" = --toolkit ]; then
+	echo "$tk"
+	exit 0
+fi
+
+nvcc=$tk/bin/nvcc
+key=$( {
+	cat "$0"
+	echo "$mod_ver $archs"
+	"$nvcc" --version | tail -1
+	$GO env CXX | xargs -I{} sh -c '{} --version | head -1'
+} | sha256sum | cut -c1-16)
+out=${SHARDD_LLAMA_CACHE:-$($GO env GOCACHE)/shardd-llama}/cuda-$key
+
+if [ "${1:-}" = --dir ]; then
+	echo "$out"
+	exit 0
+fi
+if [ -f "$out/libshardd_ggml_cuda.a" ]; then
+	echo "$out"
+	exit 0
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/shardd-cuda.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+mk=$work/Makefile
+objs=()
+n=0
+gc=$(gencode)
+cxx=$($GO env CXX)
+# Largest sources first (the template instances are the long compiles).
+for f in $(sources | xargs stat -c '%s %n' | sort -rn | cut -d' ' -f2); do
+	n=$((n + 1))
+	obj=$work/o$n-$(basename "${f%.cu}").o
+	objs+=("$obj")
+	printf '%s: %s\n\t%s -ccbin %s %s %s %s -I%s/include -I%s/src -I%s -c %s -o %s\n' "$obj" "$f" \
+		"$nvcc" "$cxx" "$nvflags" "$gc" "$defs" "$ggml" "$ggml" "$cu" "$f" "$obj" >>"$mk"
+done
+printf 'all: %s\n' "${objs[*]}" >>"$mk"
+
+jobs=$(nproc 2>/dev/null || echo 2)
+echo "cuda-lib: compiling ggml's CUDA backend for sm_${archs// /, sm_} ($n files, $jobs jobs; README: how long) into $out" >&2
+log=$work/build.log
+rc=0
+if [ "${V:-0}" = 1 ]; then
+	make -s -j"$jobs" -f "$mk" all 2>&1 | tee "$log" || rc=$?
+else
+	make -s -j"$jobs" -f "$mk" all >"$log" 2>&1 || rc=$?
+fi
+if [ "$rc" -ne 0 ]; then
+	grep -E -B2 -A6 'error' "$log" | head -60 >&2 || tail -40 "$log" >&2
+	echo "cuda-lib: compile failed (full log: V=1)" >&2
+	exit 1
+fi
+ar rcs "$work/libshardd_ggml_cuda.a" "${objs[@]}"
+mkdir -p "$work/lib" "$(dirname "$out")"
+mv "$work/libshardd_ggml_cuda.a" "$log" "$work/lib/"
+ln -s "$tk/lib" "$work/lib/toolkit"
+mv -T "$work/lib" "$out" 2>/dev/null || true
+echo "$out"
