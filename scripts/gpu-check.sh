@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check.sh: every GPU check in one command, for the first machine with
-# an NVIDIA GPU at hand (README: The GPU forward). About 10 minutes on a
-# 16-core machine, most of it the CUDA compile for that one GPU.
+# an NVIDIA GPU at hand (README: The GPU forward). Not yet run on one: the
+# CUDA compile for one architecture took 17.6 minutes on 2 cores here, so
+# expect a few minutes of it on 16, then a few of checks and load.
 #
 #   scripts/gpu-check.sh [OUT]            run everything; results under OUT (default out/gpu-check)
 #   scripts/gpu-check.sh --dry-run [OUT]  no GPU needed: builds the CPU binary, checks the
@@ -36,9 +37,11 @@ mkdir -p "$out"
 summary=$out/summary.txt
 : >"$summary"
 say() { echo "gpu-check: $*" | tee -a "$summary"; }
-run() { # run CMD...: log it, and run it unless this is a dry run
-	echo "  \$ $*" | tee -a "$summary"
-	[ "$dry" = 1 ] || "$@"
+run() { # run LOG CMD...: log it, and run it (output to LOG) unless this is a dry run
+	local log=$1
+	shift
+	echo "  \$ $* > $log" | tee -a "$summary"
+	[ "$dry" = 1 ] || "$@" >"$log" 2>&1
 }
 
 # 1. The GPU.
@@ -72,29 +75,31 @@ if [ "$dry" = 1 ]; then
 	fi
 	say "without a GPU, serve --gpu-layers all refuses: $(echo "$msg" | tail -1)"
 fi
-run make -s build-cuda CUDA_ARCHS="$arch"
+run "$out/build-cuda.txt" make -s build-cuda CUDA_ARCHS="$arch"
 gpu_bin=$root/.bin/shardd-cuda
-say "CUDA build for sm_$arch: $(($(date +%s) - t0)) s (both binaries)"
+[ "$dry" = 1 ] || say "CUDA build for sm_$arch: $(($(date +%s) - t0)) s (both binaries)"
 
 # 3. Split equals whole on the device.
 gen=$out/bench.gguf
 real=$(scripts/models.sh | sed -n 's/^smollm2 //p')
-[ -f "$gen" ] || run "$cpu_bin" gen-model --preset bench --out "$gen"
+[ -f "$gen" ] || "$cpu_bin" gen-model --preset bench --out "$gen" >/dev/null
 for m in "$gen" "$real"; do
-	if run "$gpu_bin" verify --model "$m" --shards 2,3 --gpu-layers -1 >"$out/verify-$(basename "$m" .gguf).txt" 2>&1; then
-		say "verify $(basename "$m") on the GPU: $( [ "$dry" = 1 ] && echo "(dry run)" || tail -1 "$out/verify-$(basename "$m" .gguf).txt")"
-	else
-		say "verify $(basename "$m") on the GPU FAILED: $(tail -3 "$out/verify-$(basename "$m" .gguf).txt")"
+	v=$out/verify-$(basename "$m" .gguf).txt
+	if ! run "$v" "$gpu_bin" verify --model "$m" --shards 2,3 --gpu-layers -1; then
+		say "verify $(basename "$m") on the GPU FAILED: $(tail -3 "$v")"
+	elif [ "$dry" = 0 ]; then
+		say "verify $(basename "$m") on the GPU: $(tail -1 "$v")"
 	fi
 done
 
 # 4. The harness: route and whole model, on the GPU and on the CPU.
+# The CPU workers get 4 threads each (a GPU machine has the cores).
 common=(--model "$gen" --shards 2 --unsplit --sweep concurrency=1,16,64 --prompt-len 128 --output-len 64
-	--requests 128 --warmup 16 --quiet)
-run "$gpu_bin" bench "${common[@]}" --serve-args "--gpu-layers all --max-sessions 64" \
-	--json "$out/gpu.json" --html "$out/gpu.html" >"$out/gpu.txt" 2>&1
-run "$cpu_bin" bench "${common[@]}" --serve-args "--max-sessions 64" \
-	--json "$out/cpu.json" --html "$out/cpu.html" >"$out/cpu.txt" 2>&1
+	--requests 64 --warmup 8 --quiet)
+run "$out/gpu.txt" "$gpu_bin" bench "${common[@]}" --serve-args "--gpu-layers all" \
+	--json "$out/gpu.json" --html "$out/gpu.html"
+run "$out/cpu.txt" "$cpu_bin" bench "${common[@]}" --threads 4 --unsplit-threads 4 \
+	--json "$out/cpu.json" --html "$out/cpu.html"
 
 # 5. The figures.
 if [ "$dry" = 0 ]; then
