@@ -49,9 +49,9 @@ type serveConfig struct {
 	// (else refuse to start).
 	gpuFallback  bool
 	drainTimeout time.Duration
-	log                  *slog.Logger
-	tls                  *tlsFlags
-	tel                  *telemetryFlags
+	log          *slog.Logger
+	tls          *tlsFlags
+	tel          *telemetryFlags
 }
 
 // uint32Value is a flag.Value for an unsigned 32-bit setting.
