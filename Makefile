@@ -56,7 +56,8 @@ $(LLAMA_LIB):
 ## CPU's (serve --gpu-layers). scripts/cuda-lib.sh fetches NVIDIA's CUDA 13
 ## toolkit wheels from PyPI into ~/.cache/shardd/cuda and compiles ggml-cuda
 ## for CUDA_ARCHS (default "80 89 90"; CUDA_ARCHS=90 for an H100/H200 alone
-## is about three times faster); llama.cpp is compiled once more with
+## is about three times faster; CUDA_HOME=DIR uses an installed toolkit
+## instead of the wheels); llama.cpp is compiled once more with
 ## GGML_USE_CUDA. No GPU is needed to build. Not part of `make test`
 ## (README: how long it takes).
 CUDA_ARCHS ?= 80 89 90
@@ -64,9 +65,9 @@ build-cuda: deps
 	@tk=$$(GO=$(GO) scripts/cuda-lib.sh --toolkit) && \
 	  cl=$$(GO=$(GO) CUDA_ARCHS="$(CUDA_ARCHS)" scripts/cuda-lib.sh) && \
 	  ll=$$(GO=$(GO) CGO_CPPFLAGS="$(CGO_CPPFLAGS) -DGGML_USE_CUDA" scripts/llama-lib.sh) && \
-	  CGO_CPPFLAGS="$(CGO_CPPFLAGS) -DGGML_USE_CUDA" CGO_LDFLAGS="-L$$ll -L$$cl -L$$tk/lib -Wl,-rpath,$$tk/lib" \
+	  CGO_CPPFLAGS="$(CGO_CPPFLAGS) -DGGML_USE_CUDA" CGO_LDFLAGS="-L$$ll -L$$cl -L$$tk -Wl,-rpath,$$tk" \
 	  $(GO) build -tags cuda -o $(BIN)/shardd-cuda ./cmd/shardd && \
-	  echo "build-cuda: $(BIN)/shardd-cuda (sm_$(CUDA_ARCHS); CUDA runtime and cuBLAS from $$tk/lib)"
+	  echo "build-cuda: $(BIN)/shardd-cuda (sm_$(CUDA_ARCHS); CUDA runtime and cuBLAS from $$tk)"
 
 ## env: the exports that let plain `go build` / `go test` find llama.cpp:
 ##   eval "$$(make -s env)"

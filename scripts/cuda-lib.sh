@@ -3,7 +3,7 @@
 # compiled from the pinned ollama module into one static library,
 # libshardd_ggml_cuda.a, for `make build-cuda`.
 #
-#   scripts/cuda-lib.sh --toolkit   fetch the toolkit if missing, print its folder
+#   scripts/cuda-lib.sh --toolkit   fetch the toolkit if missing, print its library folder
 #   scripts/cuda-lib.sh             also build the library if missing, print its folder
 #   scripts/cuda-lib.sh --dir       print the library's folder only (no build)
 #   scripts/cuda-lib.sh --dry-run   print what would be fetched and compiled
@@ -19,6 +19,8 @@
 # nothing is installed system-wide and nothing is committed. Their CUDA 12
 # counterparts ship no nvcc driver (ptxas and libnvvm only), so CUDA 13 it
 # is: running the binary needs an NVIDIA driver for CUDA 13 (580 or later).
+# CUDA_HOME=/usr/local/cuda uses an installed toolkit (12 or 13) instead:
+# nothing is fetched, and the binary runs on that toolkit's driver.
 #
 # The sources are ggml-cuda's own list (its CMakeLists.txt): every *.cu, and
 # of the template instances the flash-attention tiles and MMA kernels, the
@@ -26,8 +28,8 @@
 # KV only. Flags are the CMake build's release flags, with GGML_CUDA_NO_VMM
 # (no link against the driver library, libcuda, which only a machine with a
 # GPU has) and CUDA graphs on. The library lands beside libshardd_llama.a,
-# under $(go env GOCACHE)/shardd-llama/, keyed by this script, the module
-# version, the toolkit, the host compiler and the architectures.
+# under $(go env GOCACHE)/shardd-llama/, keyed by the module version, the
+# sources, the toolkit, the host compiler and every flag.
 set -euo pipefail
 
 GO=${GO:-go}
@@ -41,6 +43,12 @@ nvidia-cublas==13.10.0.20 nvidia-cuda-cccl==13.3.5.0.6"
 archs=${CUDA_ARCHS:-80 89 90}
 cache=${SHARDD_CUDA_CACHE:-$HOME/.cache/shardd/cuda}
 tk=$cache/toolkit-$toolkit_ver
+# CUDA_HOME: a toolkit already on the machine (CUDA 12 or 13, with nvcc and
+# cuBLAS) instead of the wheels, for a GPU machine without network.
+if [ -n "${CUDA_HOME:-}" ]; then
+	[ -x "$CUDA_HOME/bin/nvcc" ] || { echo "cuda-lib: CUDA_HOME=$CUDA_HOME has no bin/nvcc" >&2; exit 2; }
+	tk=$CUDA_HOME
+fi
 
 mod_dir=$($GO list -m -f '{{.Dir}}' github.com/ollama/ollama)
 mod_ver=$($GO list -m -f '{{.Version}}' github.com/ollama/ollama)
@@ -66,11 +74,16 @@ gencode() {
 	printf -- '-gencode=arch=compute_%s,code=compute_%s' "$last" "$last"
 }
 
+# tklib is the toolkit's library folder (lib64 in NVIDIA's installs).
+tklib() {
+	if [ -d "$tk/lib64" ]; then echo "$tk/lib64"; else echo "$tk/lib"; fi
+}
+
 defs="-DNDEBUG -DGGML_USE_CUDA -DGGML_CUDA_NO_VMM -DGGML_CUDA_USE_GRAPHS -DGGML_CUDA_PEER_MAX_BATCH_SIZE=128 -DGGML_VERSION=0x0 -DGGML_COMMIT=0x0"
-nvflags="-O3 -std=c++17 -use_fast_math -extended-lambda -compress-mode=size -Xcompiler -fPIC,-Wno-pedantic"
+nvflags="-O3 -std=c++17 -use_fast_math -extended-lambda -Xcompiler -fPIC,-Wno-pedantic"
 
 if [ "${1:-}" = --dry-run ]; then
-	echo "toolkit: $tk (CUDA $toolkit_ver), wheels: $(echo $wheels)"
+	if [ -n "${CUDA_HOME:-}" ]; then echo "toolkit: $tk (CUDA_HOME)"; else echo "toolkit: $tk (CUDA $toolkit_ver), wheels: $(echo $wheels)"; fi
 	echo "architectures: $archs ($(gencode))"
 	echo "sources: $(sources | wc -l) files from $cu"
 	echo "nvcc $nvflags $defs -I$ggml/include -I$ggml/src -I$cu -c FILE.cu"
@@ -80,6 +93,7 @@ fi
 # fetch_toolkit downloads and unpacks the wheels once.
 fetch_toolkit() {
 	[ -x "$tk/bin/nvcc" ] && return 0
+	if [ -n "${CUDA_HOME:-}" ]; then return 0; fi
 	local pip
 	if command -v pip3 >/dev/null 2>&1; then pip="pip3"
 	elif python3 -m pip --version >/dev/null 2>&1; then pip="python3 -m pip"
@@ -111,16 +125,27 @@ fetch_toolkit() {
 
 fetch_toolkit
 if [ "${1:-}" = --toolkit ]; then
-	echo "$tk"
+	tklib # the library folder: what the link needs
 	exit 0
 fi
 
 nvcc=$tk/bin/nvcc
+# Compressed device code from CUDA 12.8 on, as ggml's CMake build does.
+ver=$("$nvcc" --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1 \2/p')
+if [ "${ver% *}" -gt 12 ] || { [ "${ver% *}" -eq 12 ] && [ "${ver#* }" -ge 8 ]; }; then
+	nvflags="$nvflags -compress-mode=size"
+fi
+cxx=$($GO env CXX)
+gc=$(gencode)
+# The key is what the objects are made of: the module, the sources, the
+# compiler and host compiler, every flag (not this script's text, so a
+# comment does not cost a 17-minute rebuild).
 key=$( {
-	cat "$0"
-	echo "$mod_ver $archs"
+	echo "$mod_ver"
+	sources | xargs -n1 basename
 	"$nvcc" --version | tail -1
-	$GO env CXX | xargs -I{} sh -c '{} --version | head -1'
+	"$cxx" --version | head -1
+	echo "$nvflags $gc $defs"
 } | sha256sum | cut -c1-16)
 out=${SHARDD_LLAMA_CACHE:-$($GO env GOCACHE)/shardd-llama}/cuda-$key
 
@@ -138,8 +163,6 @@ trap 'rm -rf "$work"' EXIT
 mk=$work/Makefile
 objs=()
 n=0
-gc=$(gencode)
-cxx=$($GO env CXX)
 # Largest sources first (the template instances are the long compiles).
 for f in $(sources | xargs stat -c '%s %n' | sort -rn | cut -d' ' -f2); do
 	n=$((n + 1))
@@ -167,6 +190,5 @@ fi
 ar rcs "$work/libshardd_ggml_cuda.a" "${objs[@]}"
 mkdir -p "$work/lib" "$(dirname "$out")"
 mv "$work/libshardd_ggml_cuda.a" "$log" "$work/lib/"
-ln -s "$tk/lib" "$work/lib/toolkit"
 mv -T "$work/lib" "$out" 2>/dev/null || true
 echo "$out"

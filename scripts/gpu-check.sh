@@ -23,7 +23,8 @@
 #   5. summary.txt: the GPU, build time, verify verdicts, and each run's
 #      tokens/s and TTFT/ITL p50 by concurrency.
 # It needs network for the CUDA wheels (PyPI) unless ~/.cache/shardd/cuda
-# already holds the toolkit.
+# already holds the toolkit, or an installed CUDA 12/13 toolkit is found
+# (CUDA_HOME, or nvcc on PATH), which is then used instead.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -58,6 +59,17 @@ else
 	say "dry run: no GPU used"
 	[ -n "$arch" ] || arch=90
 fi
+
+# An installed CUDA 12 or 13 toolkit is used as it is (no network needed);
+# otherwise cuda-lib.sh fetches the wheels.
+if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null 2>&1; then
+	v=$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+	if [ "${v:-0}" -ge 12 ]; then
+		CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")")
+		export CUDA_HOME
+	fi
+fi
+say "CUDA toolkit: ${CUDA_HOME:-the PyPI wheels (scripts/cuda-lib.sh)}"
 
 # 2. Builds: the CPU binary (the baseline, and the refusal check) and the CUDA one.
 t0=$(date +%s)
