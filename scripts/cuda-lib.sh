@@ -63,14 +63,19 @@ sources() {
 		"$cu"/template-instances/fattn-vec*f16-f16.cu 2>/dev/null || true
 }
 
+# Checked here, not in gencode: an exit in a command substitution would
+# not stop the script.
+for a in $archs; do
+	case $a in *[!0-9]*) echo "cuda-lib: CUDA_ARCHS must be numbers such as 90, not $a" >&2; exit 2 ;; esac
+done
+[ -n "${archs// /}" ] || { echo "cuda-lib: CUDA_ARCHS is empty" >&2; exit 2; }
+
 gencode() {
 	local a last=""
 	for a in $archs; do
-		case $a in *[!0-9]*) echo "cuda-lib: CUDA_ARCHS must be numbers such as 90, not $a" >&2; exit 2 ;; esac
 		printf -- '-gencode=arch=compute_%s,code=sm_%s ' "$a" "$a"
 		last=$a
 	done
-	[ -n "$last" ] || { echo "cuda-lib: CUDA_ARCHS is empty" >&2; exit 2; }
 	printf -- '-gencode=arch=compute_%s,code=compute_%s' "$last" "$last"
 }
 

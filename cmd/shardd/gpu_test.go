@@ -1,6 +1,10 @@
 package main
 
 import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -47,5 +51,41 @@ func TestServeWithoutGPU(t *testing.T) {
 	defer be.Close()
 	if info := be.Info(); !strings.HasPrefix(info.Device, "cpu:") || !strings.HasSuffix(info.Name, " cpu") {
 		t.Fatalf("fallback serves on %q (%q), want the CPU", info.Device, info.Name)
+	}
+}
+
+// The GPU scripts stay runnable where no GPU is: both parse, and the CUDA
+// build's plan (scripts/cuda-lib.sh --dry-run: toolkit, architectures,
+// ggml-cuda's sources from the pinned module, the nvcc line) comes out of
+// the module as it is, without fetching or compiling anything.
+func TestGPUScriptsDryRun(t *testing.T) {
+	for _, s := range []string{"cuda-lib.sh", "gpu-check.sh"} {
+		if out, err := exec.Command("bash", "-n", filepath.Join("..", "..", "scripts", s)).CombinedOutput(); err != nil {
+			t.Fatalf("%s does not parse: %v\n%s", s, err, out)
+		}
+	}
+	cmd := exec.Command("bash", filepath.Join("..", "..", "scripts", "cuda-lib.sh"), "--dry-run")
+	cmd.Env = append(os.Environ(), "CUDA_ARCHS=86 90", "CUDA_HOME=")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("cuda-lib.sh --dry-run: %v\n%s", err, out)
+	}
+	plan := string(out)
+	n := 0
+	if i := strings.Index(plan, "sources: "); i >= 0 {
+		fmt.Sscan(plan[i+len("sources: "):], &n)
+	}
+	for _, want := range []string{"code=sm_86", "code=sm_90", "code=compute_90", "-DGGML_CUDA_NO_VMM", "nvidia-cuda-nvcc=="} {
+		if !strings.Contains(plan, want) {
+			t.Errorf("the plan lacks %q:\n%s", want, plan)
+		}
+	}
+	if n < 100 {
+		t.Errorf("the plan compiles %d ggml-cuda sources, want ggml-cuda's list (125 at v0.17.4):\n%s", n, plan)
+	}
+	cmd = exec.Command("bash", filepath.Join("..", "..", "scripts", "cuda-lib.sh"), "--dry-run")
+	cmd.Env = append(os.Environ(), "CUDA_ARCHS=9x")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "CUDA_ARCHS must be numbers") {
+		t.Errorf("CUDA_ARCHS=9x: %v %s", err, out)
 	}
 }
