@@ -150,12 +150,10 @@ func (s *scheduler) admit(w *work) admitResult {
 	}
 	s.pin(w, sess)
 	w.sess, w.seq, w.admitted = sess, sess.Seq, true
-	if w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL {
-		if r := s.prefixHit(w); r != admitRun {
-			return r
-		}
-	}
-	if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE {
+	switch w.mode {
+	case shardv1.CacheMode_CACHE_MODE_PREFILL:
+		return s.prefixHit(w)
+	case shardv1.CacheMode_CACHE_MODE_DECODE:
 		s.prefixFeed(w)
 	}
 	return admitRun

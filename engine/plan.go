@@ -85,10 +85,9 @@ const besideProbeEvery = 8
 // --iteration-tokens rows (at least one), whose measured price replaces
 // the old one (forwardPlan.probe). The price is measured only on
 // iterations with prefill rows beside decode rows: without the probe, a
-// price once pushed too high (a forward stalled by the host, PERF.md
-// "Shared prefixes") let no prefill row in again, nothing measured it
-// again, and a busy worker's prompts waited for decoding sessions to end,
-// whole generations (TTFT p50 5.7 s against 0.7 s).
+// price once too high (one stalled forward can do it) let no prefill row
+// in again, nothing measured it again, and a busy worker's prompts waited
+// for decoding sessions to end, whole generations.
 func (s *scheduler) besideBudget(rows int, limit time.Duration, waiting bool) int {
 	n := s.prefillBeside(rows, limit)
 	if n > 0 || !waiting || !s.besideRow.ok {

@@ -1,17 +1,13 @@
 package load
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"slices"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +16,7 @@ import (
 
 	"github.com/meshnet/shardd/internal/hoststat"
 	"github.com/meshnet/shardd/route"
+	"github.com/meshnet/shardd/telemetry"
 )
 
 // Target is what a run loads: a route of workers.
@@ -541,27 +538,28 @@ func (r *recorder) summary(t Target, w Workload, label string) *Summary {
 // until the returned function is called, which gives each hop's share of
 // the prompt tokens rec counted since that its cache answered, overall and
 // by second, and each hop's loads since that found no room in its KV
-// cache (shardd_prefix_misfits_total). No metrics: nothing.
+// cache (shardd_prefix_misfits_total). No metrics: nothing. A worker whose
+// page cannot be read counts 0.
 func sampleHits(metrics []string, rec *recorder) func() ([]float64, [][][2]float64, []int64) {
 	if len(metrics) == 0 || slices.Contains(metrics, "") {
 		return func() ([]float64, [][][2]float64, []int64) { return nil, nil, nil }
 	}
-	read := func(name string) []float64 {
-		out := make([]float64, len(metrics))
+	const tokens, misfits = "shardd_prefix_tokens_total", "shardd_prefix_misfits_total"
+	read := func() []map[string]float64 {
+		out := make([]map[string]float64, len(metrics))
 		for i, m := range metrics {
-			out[i] = scrape(m, name)
+			out[i], _ = telemetry.Scrape(m, tokens, misfits)
 		}
 		return out
 	}
-	const tokens, misfits = "shardd_prefix_tokens_total", "shardd_prefix_misfits_total"
-	start, base, misfits0 := time.Now(), read(tokens), read(misfits)
+	start, base := time.Now(), read()
 	series := make([][][2]float64, len(metrics))
-	rate := func(now []float64) []float64 {
+	rate := func(now []map[string]float64) []float64 {
 		sent := float64(rec.prompts.Load())
 		out := make([]float64, len(now))
 		for i := range now {
 			if sent > 0 {
-				out[i] = (now[i] - base[i]) / sent
+				out[i] = (now[i][tokens] - base[i][tokens]) / sent
 			}
 		}
 		return out
@@ -578,7 +576,7 @@ func sampleHits(metrics []string, rec *recorder) func() ([]float64, [][][2]float
 				return
 			case <-tick.C:
 				t := time.Since(start).Seconds()
-				for i, r := range rate(read(tokens)) {
+				for i, r := range rate(read()) {
 					series[i] = append(series[i], [2]float64{t, r})
 				}
 			}
@@ -587,31 +585,11 @@ func sampleHits(metrics []string, rec *recorder) func() ([]float64, [][][2]float
 	return func() ([]float64, [][][2]float64, []int64) {
 		close(stop)
 		<-done
-		m := read(misfits)
-		out := make([]int64, len(m))
-		for i := range m {
-			out[i] = int64(m[i] - misfits0[i])
+		now := read()
+		lost := make([]int64, len(now))
+		for i := range now {
+			lost[i] = int64(now[i][misfits] - base[i][misfits])
 		}
-		return rate(read(tokens)), series, out
+		return rate(now), series, lost
 	}
-}
-
-// scrape reads one counter from a worker's /metrics (0 when it cannot).
-func scrape(addr, name string) float64 {
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) == 2 && (f[0] == name || strings.HasPrefix(f[0], name+"{")) {
-			v, _ := strconv.ParseFloat(f[1], 64)
-			return v
-		}
-	}
-	return 0
 }

@@ -1,20 +1,17 @@
 package route
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math"
 	"net"
-	"net/http"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/telemetry"
 )
 
 // TestPrefixCacheExact: a two-shard route whose workers keep a prefix cache
@@ -132,24 +129,11 @@ func freePort(t *testing.T) int {
 // metric reads one value from a worker's Prometheus endpoint.
 func metric(t *testing.T, port int, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	m, err := telemetry.Scrape(fmt.Sprintf("127.0.0.1:%d", port), name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) == 2 && (f[0] == name || strings.HasPrefix(f[0], name+"{")) {
-			v, err := strconv.ParseFloat(f[1], 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return v
-		}
-	}
-	t.Fatalf("no %s on port %d", name, port)
-	return 0
+	return m[name]
 }
 
 // tinySplit generates the tiny preset with seed in a temporary folder and

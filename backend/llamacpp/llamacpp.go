@@ -168,7 +168,7 @@ func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
 	}
 	name, device := Version+" cpu", cpuName()
 	if gpu != nil {
-		name = fmt.Sprintf("%s %s %d/%d", Version, GPUBuild(), min(ngl, meta.BlockCount+1), meta.BlockCount+1)
+		name = fmt.Sprintf("%s %s %d/%d", Version, GPUBuild(), ngl, meta.BlockCount+1)
 		device = gpuDevice(gpu, ngl, meta.BlockCount)
 	}
 	b.info = backend.Info{

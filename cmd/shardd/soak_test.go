@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,6 +29,7 @@ import (
 	"github.com/meshnet/shardd/internal/faultproxy"
 	"github.com/meshnet/shardd/load"
 	"github.com/meshnet/shardd/route"
+	"github.com/meshnet/shardd/telemetry"
 	"github.com/meshnet/shardd/verify"
 )
 
@@ -172,37 +171,8 @@ func (a idleSet) within(base idleSet) bool {
 	return a.Goroutines <= base.Goroutines && a.Buffers <= base.Buffers && a.Sessions == 0 && a.Results == 0
 }
 
-// scrape reads the named unlabelled samples of a Prometheus text page.
-func scrape(addr string, names ...string) (map[string]float64, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]float64{}
-	for _, line := range strings.Split(string(body), "\n") {
-		name, val, ok := strings.Cut(line, " ")
-		if !ok || !slices.Contains(names, name) {
-			continue
-		}
-		if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
-			out[name] = v
-		}
-	}
-	for _, n := range names {
-		if _, ok := out[n]; !ok {
-			return nil, fmt.Errorf("metrics at %s lack %s", addr, n)
-		}
-	}
-	return out, nil
-}
-
 func idleOf(addr string) (idleSet, error) {
-	m, err := scrape(addr, "go_goroutines", "shardd_buffers_outstanding", "shardd_sessions", "shardd_results_bytes")
+	m, err := telemetry.Scrape(addr, "go_goroutines", "shardd_buffers_outstanding", "shardd_sessions", "shardd_results_bytes")
 	if err != nil {
 		return idleSet{}, err
 	}
@@ -211,7 +181,7 @@ func idleOf(addr string) (idleSet, error) {
 }
 
 func rssOf(addr string) (float64, error) {
-	m, err := scrape(addr, "process_resident_memory_bytes")
+	m, err := telemetry.Scrape(addr, "process_resident_memory_bytes")
 	return m["process_resident_memory_bytes"], err
 }
 
@@ -555,7 +525,7 @@ func TestSoak(t *testing.T) {
 			// buffers still out were taken to its log.
 			syscall.Kill(cl.Pids[i], syscall.SIGUSR1)
 		}
-		if m, err := scrape(a, "process_resident_memory_bytes", "shardd_evictions_total", "shardd_preemptions_total"); err == nil {
+		if m, err := telemetry.Scrape(a, "process_resident_memory_bytes", "shardd_evictions_total", "shardd_preemptions_total"); err == nil {
 			w.RSSEndMiB, w.Evictions, w.Preemptions = m["process_resident_memory_bytes"]/(1<<20), m["shardd_evictions_total"], m["shardd_preemptions_total"]
 		} else {
 			t.Error(err)
