@@ -122,3 +122,13 @@ type SeqStater interface {
 	// cells. ErrKVFull: no room for it.
 	SeqLoad(seq int, state []byte) error
 }
+
+// StreamStater is a backend that keeps each sequence on a KV stream of its
+// own and reports what laying out forwards of several streams cost.
+type StreamStater interface {
+	// StreamStats reports the placeholder rows run between the streams
+	// of a forward's rows, and the streams copied to bring a forward's
+	// sequences onto consecutive streams, since the backend opened. Safe
+	// to call from any goroutine.
+	StreamStats() (placeholders, copies int64)
+}

@@ -13,6 +13,7 @@ import (
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/meshnet/shardd/backend"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/tracectx"
 	"github.com/meshnet/shardd/stages/receive"
@@ -129,6 +130,12 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	gauge("shardd.cost.beside_row", "measured seconds of a prefill row beside decode rows (what prefill beside a decode step is priced at)", func() float64 { return float64(e.statBesideRow.Load()) / 1e9 })
 	counter("shardd.prefill.beside_probes", "decode iterations that took --iteration-tokens prefill rows while waiting prompts got none at the measured price, to price them again", e.statBesideProbes.Load)
 	counter("shardd.decode_due.waits", "prefill-only iterations not started because a decode step was due before one prefill token would finish", e.statDueWaits.Load)
+	if ss, ok := e.be.(backend.StreamStater); ok {
+		counter("shardd.streams.placeholder_rows", "--deterministic: rows run only to fill the gap between two KV streams of a decode forward",
+			func() int64 { n, _ := ss.StreamStats(); return n })
+		counter("shardd.streams.copies", "--deterministic: KV streams copied to bring a decode forward's sessions onto consecutive streams",
+			func() int64 { _, n := ss.StreamStats(); return n })
+	}
 	o.occupancy, _ = m.Int64Histogram("shardd.batch.rows", metric.WithDescription("rows in each forward call"),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512))
 	gauge("shardd.forward.busy", "seconds spent in forward calls since start (its rate is the backend's utilization)", func() float64 { return float64(e.statBusy.Load()) / 1e9 })

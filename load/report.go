@@ -246,6 +246,16 @@ func (r *Report) writeTurns(w io.Writer) {
 		}
 		fmt.Fprintf(w, "prefix cache, prompt tokens answered, %s: %s\n", s.Label, strings.Join(parts, ", "))
 	}
+	for _, s := range r.Runs {
+		if len(s.StreamPlaceholders) == 0 || slices.Max(s.StreamPlaceholders)+slices.Max(s.StreamCopies) == 0 {
+			continue
+		}
+		parts := make([]string, len(s.StreamPlaceholders))
+		for i := range parts {
+			parts[i] = fmt.Sprintf("hop %d %d / %d", i, s.StreamPlaceholders[i], s.StreamCopies[i])
+		}
+		fmt.Fprintf(w, "KV streams, placeholder rows / stream copies, %s: %s\n", s.Label, strings.Join(parts, ", "))
+	}
 }
 
 // WriteText prints the summary tables.

@@ -258,10 +258,10 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	rec.on, rec.start = true, time.Now()
 	rec.mu.Unlock()
 	stopProgress := progress(opts, rec, w)
-	hits := sampleHits(t.Metrics, rec)
+	counters := sampleCounters(t.Metrics, rec)
 	drive(ctx, rt, w, opts, rec, 0)
 	stopProgress()
-	hitRates, hitSeries, misfits := hits()
+	hops := counters()
 	rec.mu.Lock()
 	rec.on = false
 	rec.mu.Unlock()
@@ -275,7 +275,8 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 		s.HarnessCPUPerTokenMicros = float64(cpu.Microseconds()) / float64(s.OutputTokens)
 	}
 	s.HostKdamondMillis = float64(kdCPU.Microseconds()) / 1000
-	s.PrefixHitRate, s.PrefixHitSeries, s.PrefixMisfits = hitRates, hitSeries, misfits
+	s.PrefixHitRate, s.PrefixHitSeries, s.PrefixMisfits = hops.hitRate, hops.hitSeries, hops.delta[misfitsMetric]
+	s.StreamPlaceholders, s.StreamCopies = hops.delta[placeholdersMetric], hops.delta[copiesMetric]
 	if len(t.SpanFiles) > 0 {
 		end := time.Now()
 		time.Sleep(t.SpanFlush)
@@ -534,21 +535,36 @@ func (r *recorder) summary(t Target, w Workload, label string) *Summary {
 	return s
 }
 
-// sampleHits reads each hop's prefix cache counters now and every second
-// until the returned function is called, which gives each hop's share of
-// the prompt tokens rec counted since that its cache answered, overall and
-// by second, and each hop's loads since that found no room in its KV
-// cache (shardd_prefix_misfits_total). No metrics: nothing. A worker whose
-// page cannot be read counts 0.
-func sampleHits(metrics []string, rec *recorder) func() ([]float64, [][][2]float64, []int64) {
+// The workers' counters the harness reports per hop (their differences
+// over the measured phase).
+const (
+	prefixTokensMetric = "shardd_prefix_tokens_total"
+	misfitsMetric      = "shardd_prefix_misfits_total"
+	placeholdersMetric = "shardd_streams_placeholder_rows_total"
+	copiesMetric       = "shardd_streams_copies_total"
+)
+
+// hopCounters is what sampleCounters read: per hop, the share of the
+// prompt tokens sent that its prefix cache answered, overall and by second
+// of the run, and each counted metric's difference over the run.
+type hopCounters struct {
+	hitRate   []float64
+	hitSeries [][][2]float64
+	delta     map[string][]int64
+}
+
+// sampleCounters reads each hop's counters now and its prefix cache's
+// every second until the returned function is called, which reports them
+// (hopCounters) since that. No metrics: nothing. A worker whose page
+// cannot be read counts 0.
+func sampleCounters(metrics []string, rec *recorder) func() hopCounters {
 	if len(metrics) == 0 || slices.Contains(metrics, "") {
-		return func() ([]float64, [][][2]float64, []int64) { return nil, nil, nil }
+		return func() hopCounters { return hopCounters{} }
 	}
-	const tokens, misfits = "shardd_prefix_tokens_total", "shardd_prefix_misfits_total"
 	read := func() []map[string]float64 {
 		out := make([]map[string]float64, len(metrics))
 		for i, m := range metrics {
-			out[i], _ = telemetry.Scrape(m, tokens, misfits)
+			out[i], _ = telemetry.Scrape(m, prefixTokensMetric, misfitsMetric, placeholdersMetric, copiesMetric)
 		}
 		return out
 	}
@@ -559,7 +575,7 @@ func sampleHits(metrics []string, rec *recorder) func() ([]float64, [][][2]float
 		out := make([]float64, len(now))
 		for i := range now {
 			if sent > 0 {
-				out[i] = (now[i][tokens] - base[i][tokens]) / sent
+				out[i] = (now[i][prefixTokensMetric] - base[i][prefixTokensMetric]) / sent
 			}
 		}
 		return out
@@ -582,14 +598,18 @@ func sampleHits(metrics []string, rec *recorder) func() ([]float64, [][][2]float
 			}
 		}
 	}()
-	return func() ([]float64, [][][2]float64, []int64) {
+	return func() hopCounters {
 		close(stop)
 		<-done
 		now := read()
-		lost := make([]int64, len(now))
-		for i := range now {
-			lost[i] = int64(now[i][misfits] - base[i][misfits])
+		h := hopCounters{hitRate: rate(now), hitSeries: series, delta: map[string][]int64{}}
+		for _, name := range []string{misfitsMetric, placeholdersMetric, copiesMetric} {
+			d := make([]int64, len(now))
+			for i := range now {
+				d[i] = int64(now[i][name] - base[i][name])
+			}
+			h.delta[name] = d
 		}
-		return rate(now), series, lost
+		return h
 	}
 }

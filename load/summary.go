@@ -120,9 +120,16 @@ type Summary struct {
 	// that found no room in the KV cache and ran their rows instead
 	// (shardd_prefix_misfits_total).
 	PrefixMisfits []int64 `json:"prefix_misfits,omitempty"`
-	ITL           Dist    `json:"itl"`
-	TPOT          Dist    `json:"tpot"`
-	E2E           Dist    `json:"e2e"`
+	// StreamPlaceholders and StreamCopies are, per hop, the placeholder
+	// rows its decode forwards ran between KV streams and the streams it
+	// copied to bring a forward's sessions together, during the run
+	// (--deterministic workers: shardd_streams_placeholder_rows_total,
+	// shardd_streams_copies_total).
+	StreamPlaceholders []int64 `json:"stream_placeholder_rows,omitempty"`
+	StreamCopies       []int64 `json:"stream_copies,omitempty"`
+	ITL                Dist    `json:"itl"`
+	TPOT               Dist    `json:"tpot"`
+	E2E                Dist    `json:"e2e"`
 
 	Hops []HopSummary `json:"hops"`
 	// Stages: per hop (in route order) the worker's per-stage span

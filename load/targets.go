@@ -85,7 +85,7 @@ func (s *Spawned) startRoute(ctx context.Context, sp Spawn) error {
 	var specs []WorkerSpec
 	for i, p := range sp.Shards {
 		// Each worker's metrics on a port of its own, for the prefix cache's
-		// hit rate (sampleHits).
+		// hit rate (sampleCounters).
 		args := append(slices.Clone(sp.ServeArgs), "--metrics-listen", "127.0.0.1:0")
 		w := WorkerSpec{Model: p, Name: fmt.Sprintf("hop%d", i), Threads: sp.Threads[i], Args: args}
 		if u, ok := sp.Relayed[i]; ok {

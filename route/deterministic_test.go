@@ -2,6 +2,7 @@ package route
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -15,7 +16,8 @@ import (
 // With --deterministic workers (bf16 boundary, the default), 16 concurrent
 // generations of 128 tokens through a 2-shard route each equal their own
 // solo run and the whole model rounded to bf16 where the route rounds,
-// token for token; and a worker killed and restarted mid-generation
+// token for token and logit for logit, though sessions move between KV
+// streams on the way; and a worker killed and restarted mid-generation
 // changes no token when the head replays the lost session
 // (Options.ReplayRecovery). Seed 3 of the tiny preset is one whose bf16
 // rounding flips a greedy token against the unrounded model.
@@ -26,7 +28,11 @@ func TestDeterministicRoute(t *testing.T) {
 	model, shards := tinySplit(t, 3)
 	// 17 KV streams of 256 tokens each.
 	args := []string{"--deterministic", "--max-sessions", "16", "--ctx-tokens", "4352"}
-	procs := []*proc{serve(t, shards[0], "127.0.0.1:0", args...), serve(t, shards[1], "127.0.0.1:0", args...)}
+	ports := []int{freePort(t), freePort(t)}
+	procs := []*proc{
+		serve(t, shards[0], "127.0.0.1:0", append(args, "--metrics-listen", fmt.Sprint("127.0.0.1:", ports[0]))...),
+		serve(t, shards[1], "127.0.0.1:0", append(args, "--metrics-listen", fmt.Sprint("127.0.0.1:", ports[1]))...),
+	}
 	addrs := []string{procs[0].addr, procs[1].addr}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -75,6 +81,17 @@ func TestDeterministicRoute(t *testing.T) {
 		wg.Go(func() { together[i], _, togetherBits[i], errs[i] = gen(prompts[i], nil) })
 	}
 	wg.Wait()
+	// The sessions moved between KV streams on the way (see
+	// llamacpp.streams), which the comparisons below show changed no bit.
+	copies := 0.0
+	for i, port := range ports {
+		c := metric(t, port, "shardd_streams_copies_total")
+		t.Logf("worker %d: %v stream copies, %v placeholder rows", i, c, metric(t, port, "shardd_streams_placeholder_rows_total"))
+		copies += c
+	}
+	if copies == 0 {
+		t.Fatal("no session moved to another KV stream: the check below does not cover moves")
+	}
 	for i := range sessions {
 		if errs[i] != nil {
 			t.Fatalf("generation %d: %v", i, errs[i])

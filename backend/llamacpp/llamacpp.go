@@ -122,7 +122,8 @@ type Backend struct {
 	// mainCPU is the CPU a forward's calling thread is pinned to; -1: none.
 	mainCPU C.int32_t
 	// streams lays out forwards of several sequences (SeparateKV only).
-	streams *streams
+	streams     *streams
+	streamStats streamStats
 }
 
 var _ backend.Preemptible = (*Backend)(nil)
@@ -299,10 +300,31 @@ func (b *Backend) SeqTrim(seq, from int) error {
 	if seq < 0 || seq >= b.info.MaxSeqs {
 		return fmt.Errorf("%w: sequence %d", backend.ErrInput, seq)
 	}
-	if !C.shardd_seq_rm(b.ctx, C.int32_t(seq), C.int32_t(from)) {
+	if !C.shardd_seq_rm(b.ctx, C.int32_t(b.kvSeq(seq)), C.int32_t(from)) {
 		return fmt.Errorf("%w: could not trim sequence %d", backend.ErrForward, seq)
 	}
+	if from == 0 && b.streams != nil {
+		b.streams.outside[seq] = 0
+	}
 	return nil
+}
+
+// kvSeq is llama.cpp's sequence id for the engine's sequence seq: its KV
+// stream on separate streams (see streams), else seq.
+func (b *Backend) kvSeq(seq int) C.llama_seq_id {
+	if b.streams != nil {
+		return C.llama_seq_id(b.streams.stream[seq])
+	}
+	return C.llama_seq_id(seq)
+}
+
+var _ backend.StreamStater = (*Backend)(nil)
+
+// StreamStats reports, on separate KV streams, the placeholder rows run
+// and the streams copied to bring a forward's sequences together (see
+// streams); zeros otherwise. Safe to call from any goroutine.
+func (b *Backend) StreamStats() (placeholders, copies int64) {
+	return b.streamStats.placeholders.Load(), b.streamStats.copies.Load()
 }
 
 // Forward runs b over the batch and fills out. It is never preempted, and it

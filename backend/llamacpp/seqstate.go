@@ -22,13 +22,13 @@ func (b *Backend) SeqSave(dst []byte, seq int) ([]byte, error) {
 	if seq < 0 || seq >= b.info.MaxSeqs {
 		return dst, fmt.Errorf("%w: sequence %d", backend.ErrInput, seq)
 	}
-	n := int(C.llama_state_seq_get_size(b.ctx, C.llama_seq_id(seq)))
+	n := int(C.llama_state_seq_get_size(b.ctx, b.kvSeq(seq)))
 	if n == 0 {
 		return dst, fmt.Errorf("%w: saving sequence %d", backend.ErrForward, seq)
 	}
 	dst = slices.Grow(dst, n)
 	buf := dst[len(dst) : len(dst)+n]
-	got := int(C.llama_state_seq_get_data(b.ctx, (*C.uint8_t)(unsafe.Pointer(&buf[0])), C.size_t(n), C.llama_seq_id(seq)))
+	got := int(C.llama_state_seq_get_data(b.ctx, (*C.uint8_t)(unsafe.Pointer(&buf[0])), C.size_t(n), b.kvSeq(seq)))
 	if got == 0 || got > n {
 		return dst, fmt.Errorf("%w: saving sequence %d", backend.ErrForward, seq)
 	}
@@ -41,7 +41,7 @@ func (b *Backend) SeqLoad(seq int, state []byte) error {
 	if seq < 0 || seq >= b.info.MaxSeqs || len(state) == 0 {
 		return fmt.Errorf("%w: sequence %d, %d bytes of state", backend.ErrInput, seq, len(state))
 	}
-	got := int(C.llama_state_seq_set_data(b.ctx, (*C.uint8_t)(unsafe.Pointer(&state[0])), C.size_t(len(state)), C.llama_seq_id(seq)))
+	got := int(C.llama_state_seq_set_data(b.ctx, (*C.uint8_t)(unsafe.Pointer(&state[0])), C.size_t(len(state)), b.kvSeq(seq)))
 	if got == 0 {
 		return fmt.Errorf("%w: no room for %d bytes of state in sequence %d", backend.ErrKVFull, len(state), seq)
 	}

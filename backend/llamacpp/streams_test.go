@@ -2,6 +2,7 @@ package llamacpp
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 
@@ -94,4 +95,119 @@ func rows(t *testing.T, b *Backend, seq, pos int, toks []int32) []float32 {
 		return append([]float32(nil), out.Logits...)
 	}
 	return append([]float32(nil), out.Hidden...)
+}
+
+// TestStreamsCompact: two groups of sequences scattered over the streams
+// decode in turn, as a route's worker sees them. After the second round
+// the sequences have moved onto consecutive streams (stream copies made,
+// no placeholder rows since), and every row, every saved state's next rows
+// once loaded elsewhere and a trimmed sequence's next rows are bitwise what
+// the same steps give on a backend where each sequence runs alone on the
+// stream of its number.
+func TestStreamsCompact(t *testing.T) {
+	model, shards := tinyShards(t)
+	for _, path := range []string{shards[0], model} {
+		open := func() *Backend {
+			b, err := Open(Config{Path: path, Threads: 1, MaxSeqs: 10, CtxTokens: 10 * 32, MaxBatch: 16, SeparateKV: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() })
+			return b
+		}
+		together, alone := open(), open()
+		groups := [][]int{{0, 3, 5, 8}, {1, 2, 6}} // streams 4, 7 and 9 hold nothing
+		pos := map[int]int{}
+		for _, b := range []*Backend{together, alone} {
+			for _, g := range groups {
+				for _, seq := range g {
+					p := []int32{int32(seq + 1), 7, int32(2 * seq)}
+					rows(t, b, seq, 0, p)
+					pos[seq] = len(p)
+				}
+			}
+		}
+		width := together.info.Vocab
+		if !together.info.LogitsOut {
+			width = together.info.Hidden
+		}
+		bt, _ := together.NewBatch()
+		defer together.FreeBatch(bt)
+		var placed int64
+		for round := range 6 {
+			if round == 4 {
+				placed, _ = together.StreamStats()
+			}
+			for _, g := range groups {
+				bt.Reset()
+				for _, seq := range g {
+					if err := bt.AddToken(seq, pos[seq], int32(10*round+seq), true); err != nil {
+						t.Fatal(err)
+					}
+				}
+				var out backend.Output
+				if err := together.Forward(bt, &out); err != nil {
+					t.Fatal(err)
+				}
+				got := out.Logits
+				if !together.info.LogitsOut {
+					got = out.Hidden
+				}
+				got = append([]float32(nil), got...)
+				for i, seq := range g {
+					want := rows(t, alone, seq, pos[seq], []int32{int32(10*round + seq)})
+					equalBits(t, fmt.Sprintf("%s: round %d, sequence %d", shortName(path), round, seq), got[i*width:(i+1)*width], want)
+					pos[seq]++
+				}
+			}
+		}
+		placeholders, copies := together.StreamStats()
+		if copies == 0 || placeholders != placed {
+			t.Fatalf("%s: %d stream copies, %d placeholder rows in the last two rounds; want copies and no placeholders", shortName(path), copies, placeholders-placed)
+		}
+		// A moved sequence's saved state, loaded elsewhere, goes on as the
+		// solo run does. (The bytes differ: a state names its stream.)
+		check := open()
+		for _, g := range groups {
+			for _, seq := range g {
+				state, err := together.SeqSave(nil, seq)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := check.SeqTrim(0, 0); err != nil {
+					t.Fatal(err)
+				}
+				if err := check.SeqLoad(0, state); err != nil {
+					t.Fatal(err)
+				}
+				toks := []int32{2, 7, 1}
+				equalBits(t, fmt.Sprintf("%s: sequence %d saved and loaded", shortName(path), seq), rows(t, check, 0, pos[seq], toks), rows(t, alone, seq, pos[seq], toks))
+			}
+		}
+		// A moved sequence trims and goes on, and a freed one starts afresh.
+		for _, b := range []*Backend{together, alone} {
+			if err := b.SeqTrim(8, 4); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.SeqTrim(1, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for seq, from := range map[int]int{8: 4, 1: 0} {
+			toks := []int32{3, 1, 4, 1, 5}
+			equalBits(t, fmt.Sprintf("%s: sequence %d from %d", shortName(path), seq, from), rows(t, together, seq, from, toks), rows(t, alone, seq, from, toks))
+		}
+	}
+}
+
+func equalBits(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	for j := range want {
+		if math.Float32bits(want[j]) != math.Float32bits(got[j]) {
+			t.Fatalf("%s, value %d: %v, want %v", what, j, got[j], want[j])
+		}
+	}
 }
