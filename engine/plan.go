@@ -251,7 +251,8 @@ func (s *scheduler) budgetBeforeStep(now time.Time, prefills []*sessQueue) (int,
 // chunks take turns while both wait, so neither starves the other. A
 // decode turn carries every decode step that is ready (one row each, the
 // backend computes them together); a prefill turn one session's chunk,
-// whole, round robin. The backend keeps each session's KV in a stream of
+// whole, round robin, and other sessions' chunks of as many rows within
+// the iteration's budget. The backend keeps each session's KV in a stream of
 // its own and every operation of the forward is batch-invariant, so a
 // row's bits do not depend on the rows beside it.
 func (s *scheduler) exactTurns(decodes, prefills []*sessQueue, budget int) ([]*sessQueue, []*sessQueue, int) {
@@ -270,9 +271,21 @@ func (s *scheduler) exactTurns(decodes, prefills []*sessQueue, budget int) ([]*s
 		return decodes, nil, s.info.MaxBatch
 	}
 	if len(prefills) > 0 {
-		prefills = prefills[s.rr%len(prefills):][:1]
-		w := prefills[0].items[0]
-		budget = min(w.tokens-w.done, s.info.MaxBatch)
+		// The next prompt's chunk, whole, and with it other prompts'
+		// chunks of as many rows while the budget holds them: the backend
+		// computes chunks of one length together, each on its own stream.
+		at := s.rr % len(prefills)
+		w := prefills[at].items[0]
+		n := min(w.tokens-w.done, s.info.MaxBatch)
+		limit := min(max(budget, n), s.info.MaxBatch)
+		s.together = append(s.together[:0], prefills[at])
+		for i := 1; i < len(prefills) && (len(s.together)+1)*n <= limit; i++ {
+			q := prefills[(at+i)%len(prefills)]
+			if w := q.items[0]; w.tokens-w.done == n {
+				s.together = append(s.together, q)
+			}
+		}
+		prefills, budget = s.together, len(s.together)*n
 	}
 	s.rr++
 	return nil, prefills, budget

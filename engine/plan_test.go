@@ -714,6 +714,20 @@ func TestPlanDeterministicTurns(t *testing.T) {
 		got = append(got, sc.step(0))
 	}
 	sc.expect("turns", strings.Join(got, " | "), "q:p3 | a:d1 b:d1 c:d1 | p:p6")
+
+	// Prompt chunks of one length share a forward within the budget (8
+	// rows: two of 3), each whole; a chunk of another length waits for a
+	// turn of its own.
+	sc = newScript(t, Config{Deterministic: true, PrefillIterationTokens: 8, IterationTokens: 2, DecodeGroups: -1}, func(i *backend.Info) { i.MaxSeqs = 8 })
+	sc.submit("p", 3)
+	sc.submit("q", 5)
+	sc.submit("r", 3)
+	sc.submit("u", 3)
+	got = got[:0]
+	for sc.s.pending > 0 {
+		got = append(got, sc.step(0))
+	}
+	sc.expect("chunks", strings.Join(got, " | "), "p:p3 r:p3 | u:p3 | q:p5")
 }
 
 // Eviction while work is queued: a session whose next step waits in the

@@ -41,6 +41,8 @@ type scheduler struct {
 	spare             []*sessQueue
 	decodes, prefills []*sessQueue
 	rr                int
+	// together: the deterministic mode's prompt chunks of one forward.
+	together []*sessQueue
 	pending           int
 
 	planned []planned

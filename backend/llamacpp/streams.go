@@ -45,8 +45,10 @@ type streams struct {
 	// placed lists the streams given a placeholder row, and from the
 	// position it took.
 	placed []placeholder
-	// bySeq[s] is 1 + the row of sequence s in the batch being laid out.
+	// bySeq[s] is 1 + the first row of sequence s in the batch being
+	// laid out; seqs lists its sequences.
 	bySeq []int
+	seqs  []int
 	// hidden holds the forward's hidden rows in batch order.
 	hidden []float32
 	// stream[s] is the KV stream (llama.cpp's sequence id) holding the
@@ -57,6 +59,8 @@ type streams struct {
 	// forward's best run of streams.
 	in      []bool
 	outside []uint8
+	// full marks the streams holding cells (compact's scratch).
+	full []bool
 	// renamed: a single-sequence batch whose rows were given its stream
 	// id, and the sequence to give back after the forward.
 	renamed    *batch
@@ -77,7 +81,7 @@ func newStreams(b *Backend) (*streams, error) {
 	}
 	n := b.info.MaxSeqs
 	st := &streams{batch: bb.(*batch), at: make([]int, b.info.MaxBatch), bySeq: make([]int, n),
-		stream: make([]int, n), seqOf: make([]int, n), in: make([]bool, n), outside: make([]uint8, n),
+		stream: make([]int, n), seqOf: make([]int, n), in: make([]bool, n), outside: make([]uint8, n), full: make([]bool, n),
 		stats: &b.streamStats}
 	for s := range n {
 		st.stream[s], st.seqOf[s] = s, s
@@ -91,7 +95,8 @@ func newStreams(b *Backend) (*streams, error) {
 // layout returns the batch to run for bt, with stream ids in place of the
 // engine's sequence numbers: bt itself when it holds one sequence (its
 // rows renamed until release), else the padded batch. Rows of several
-// sequences must be one per sequence.
+// sequences must be as many of each, each sequence's together and in
+// position order.
 func (st *streams) layout(b *Backend, bt *batch) (*batch, error) {
 	if bt.n == 0 {
 		return bt, nil
@@ -112,76 +117,140 @@ func (st *streams) layout(b *Backend, bt *batch) (*batch, error) {
 	}
 	defer clear(st.bySeq)
 	mem := C.llama_get_memory(b.ctx)
-	steps := true // every row continues its sequence: the forward will run
-	for i := range bt.n {
+	// Each sequence's rows: from bySeq[s]-1, n of them.
+	st.seqs = st.seqs[:0]
+	n := 0
+	for i := 0; i < bt.n; {
 		s := int(*bt.seq[i])
-		if st.bySeq[s] != 0 {
-			return nil, fmt.Errorf("%w: on separate KV streams, a forward of several sequences takes one row of each", backend.ErrInput)
+		j := i + 1
+		for j < bt.n && int(*bt.seq[j]) == s && bt.pos[j] == bt.pos[j-1]+1 {
+			j++
 		}
-		st.bySeq[s] = i + 1
-		steps = steps && int(bt.pos[i]) == st.posMax(mem, st.stream[s])+1
+		if st.bySeq[s] != 0 || (n != 0 && j-i != n) {
+			return nil, fmt.Errorf("%w: on separate KV streams, a forward of several sequences takes as many rows of each, in position order", backend.ErrInput)
+		}
+		st.bySeq[s], n = i+1, j-i
+		st.seqs = append(st.seqs, s)
+		i = j
+	}
+	steps := true // every sequence's rows continue it: the forward will run
+	for _, s := range st.seqs {
+		steps = steps && int(bt.pos[st.bySeq[s]-1]) == st.posMax(mem, st.stream[s])+1
 	}
 	if steps {
-		st.compact(mem, bt)
+		st.compact(mem)
 	}
 	lo, hi := len(st.stream), -1
-	for i := range bt.n {
-		k := st.stream[*bt.seq[i]]
-		lo, hi = min(lo, k), max(hi, k)
+	for _, s := range st.seqs {
+		lo, hi = min(lo, st.stream[s]), max(hi, st.stream[s])
 	}
 	room := b.info.CtxTokens / max(b.info.MaxSeqs, 1)
 	pad := st.batch
 	pad.Reset()
 	st.placed = st.placed[:0]
-	fill := hi-lo+1 <= pad.max
+	placeholders := 0
 	for k := lo; k <= hi; k++ {
 		if i := st.bySeq[st.seqOf[k]] - 1; i >= 0 {
-			st.at[i] = pad.n
-			if err := pad.copyRow(bt, i, k); err != nil {
-				return nil, err
+			for r := i; r < i+n; r++ {
+				st.at[r] = pad.n
+				if err := pad.copyRow(bt, r, k); err != nil {
+					return nil, err
+				}
 			}
 			continue
 		}
-		pos := st.posMax(mem, k) + 1
-		if !fill || pos >= room {
-			continue // the ubatch splits here; the order still holds
+		// A gap: placeholders when they cost less than a ubatch of its
+		// own (gapRows), else the ubatch splits here (the order holds).
+		gap := k
+		for gap <= hi && st.bySeq[st.seqOf[gap]] == 0 {
+			gap++
 		}
-		if err := pad.placeholder(k, pos); err != nil {
-			return nil, err
+		if (gap-k)*n > gapRows || (hi-lo+1)*n > pad.max {
+			k = gap - 1
+			continue
+		}
+		pos := st.posMax(mem, k) + 1
+		if pos+n > room {
+			continue
+		}
+		for r := range n {
+			if err := pad.placeholder(k, pos+r); err != nil {
+				return nil, err
+			}
 		}
 		st.placed = append(st.placed, placeholder{stream: k, pos: pos})
+		placeholders += n
 	}
-	st.stats.placeholders.Add(int64(len(st.placed)))
+	st.stats.placeholders.Add(int64(placeholders))
 	return pad, nil
 }
+
+// gapRows is the most placeholder rows a gap between two streams of a
+// forward gets: beyond it, a ubatch of its own (the weights streamed once
+// more: on a CPU, about as long as 8 rows of the bench preset) costs less.
+const gapRows = 8
 
 func (st *streams) posMax(mem C.llama_memory_t, k int) int {
 	return int(C.llama_memory_seq_pos_max(mem, C.llama_seq_id(k)))
 }
 
-// compact moves the sequences of bt (one decode row each) towards
-// consecutive streams: it finds the run of as many streams that holds the
-// most of them, and swaps each sequence outside it with a stream inside
-// it that is not the forward's. A sequence moves only when the forward
-// before the one it was last in also found it outside: a session that
-// once comes late to its group's forward is not copied there and back.
-func (st *streams) compact(mem C.llama_memory_t, bt *batch) {
-	n, k := len(st.stream), bt.n
+// compact moves the sequences of the forward being laid out (st.seqs)
+// towards consecutive streams. Where a run of as many streams holds
+// only them and streams without cells, and the sequences outside it have
+// no cells either (a group of sessions' first prompt chunks), they move
+// there, which copies nothing. Else it finds the run that holds the most
+// of them, and swaps each sequence outside it with a stream inside it
+// that is not the forward's; a swap that copies cells is made only when
+// the forward before the sequence's last also found it outside, so a
+// session that once comes late to its group's forward is not copied there
+// and back.
+func (st *streams) compact(mem C.llama_memory_t) {
+	n, k := len(st.stream), len(st.seqs)
 	clear(st.in)
-	for i := range bt.n {
-		st.in[st.stream[*bt.seq[i]]] = true
+	for _, s := range st.seqs {
+		st.in[st.stream[s]] = true
 	}
-	best, at, count := -1, 0, 0
+	fullMembers := 0
 	for j := range n {
-		if st.in[j] {
-			count++
+		st.full[j] = st.posMax(mem, j) >= 0
+		if st.in[j] && st.full[j] {
+			fullMembers++
 		}
-		if j >= k && st.in[j-k] {
-			count--
+	}
+	// Over each run of k streams: its members, its members with cells,
+	// and its other streams with cells.
+	best, at := -1, 0
+	freeBest, freeAt := -1, 0
+	members, fullIn, blocked := 0, 0, 0
+	add := func(j, d int) {
+		switch {
+		case st.in[j]:
+			members += d
+			if st.full[j] {
+				fullIn += d
+			}
+		case st.full[j]:
+			blocked += d
 		}
-		if j >= k-1 && count > best {
-			best, at = count, j-k+1
+	}
+	for j := range n {
+		add(j, 1)
+		if j >= k {
+			add(j-k, -1)
 		}
+		if j < k-1 {
+			continue
+		}
+		if members > best {
+			best, at = members, j-k+1
+		}
+		if blocked == 0 && fullIn == fullMembers && members > freeBest {
+			freeBest, freeAt = members, j-k+1
+		}
+	}
+	free := freeBest >= 0
+	if free {
+		at = freeAt
 	}
 	hole := at
 	for p := range n {
@@ -193,19 +262,23 @@ func (st *streams) compact(mem C.llama_memory_t, bt *batch) {
 			st.outside[s] = 0
 			continue
 		}
-		if st.outside[s] < 2 {
-			st.outside[s]++
-		}
-		if st.outside[s] < 2 {
-			continue
-		}
 		for hole < at+k && st.in[hole] {
 			hole++
 		}
-		if hole == at+k || !st.swap(mem, p, hole) {
+		if hole == at+k {
+			return
+		}
+		if st.outside[s] < 2 {
+			st.outside[s]++
+		}
+		if !free && st.outside[s] < 2 && (st.full[p] || st.full[hole]) {
+			continue
+		}
+		if !st.swap(mem, p, hole) {
 			return
 		}
 		st.in[hole], st.in[p] = true, false
+		st.full[hole], st.full[p] = st.full[p], st.full[hole]
 		st.outside[s] = 0
 	}
 }

@@ -13,7 +13,8 @@ import (
 // carrying rows of five sequences (out of order, with an idle sequence and
 // an empty one between them, which get placeholder rows) gives each row
 // bitwise what the same step gives when its sequence runs alone; the
-// placeholders leave nothing behind. Checked where the shard produces
+// placeholders leave nothing behind. So does a forward of three
+// sequences' prompt chunks of two rows each. Checked where the shard produces
 // logits (the whole model) and hidden states (its first shard).
 func TestStreamsBatchEqualsAlone(t *testing.T) {
 	model, shards := tinyShards(t)
@@ -63,15 +64,43 @@ func TestStreamsBatchEqualsAlone(t *testing.T) {
 		// on from where they were.
 		rows(t, together, 5, 2, []int32{1})
 		rows(t, together, 2, 0, []int32{1, 2})
-		// Two rows of one sequence beside another's are refused.
+		// Prompt chunks of as many rows each, in one forward, with
+		// sequences between them given as many placeholder rows.
 		bt.Reset()
-		for _, r := range [][2]int{{0, 4}, {0, 5}, {1, 2}} {
+		chunked := []int{6, 0, 4}
+		chunk := func(seq int) []int32 { return []int32{int32(seq + 20), int32(seq)} }
+		for _, seq := range chunked {
+			for j, tok := range chunk(seq) {
+				if err := bt.AddToken(seq, len(prompts[seq])+1+j, tok, j == 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		placed, _ := together.StreamStats()
+		if err := together.Forward(bt, &out); err != nil {
+			t.Fatal(err)
+		}
+		if now, _ := together.StreamStats(); now-placed != 8 {
+			t.Fatalf("%s: %d placeholder rows for the chunks, want 2 on each of streams 1, 2, 3 and 5", shortName(path), now-placed)
+		}
+		got = out.Logits
+		if !together.info.LogitsOut {
+			got, width = out.Hidden, 2*together.info.Hidden
+		}
+		got = append([]float32(nil), got...)
+		for i, seq := range chunked {
+			want := rows(t, alone, seq, len(prompts[seq])+1, chunk(seq))
+			equalBits(t, fmt.Sprintf("%s: chunk of sequence %d", shortName(path), seq), got[i*width:(i+1)*width], want)
+		}
+		// Unequal rows of several sequences are refused.
+		bt.Reset()
+		for _, r := range [][2]int{{0, 7}, {0, 8}, {1, 2}} {
 			if err := bt.AddToken(r[0], r[1], 3, true); err != nil {
 				t.Fatal(err)
 			}
 		}
 		if err := together.Forward(bt, &out); !errors.Is(err, backend.ErrInput) {
-			t.Fatalf("two rows of a sequence beside another's: %v", err)
+			t.Fatalf("two rows of a sequence beside one of another's: %v", err)
 		}
 	}
 }
