@@ -16,7 +16,8 @@ type Config struct {
 	MaxSessions int
 	// Deterministic: a session's numbers are bitwise those it would get
 	// alone, whatever else is batched. Decode forwards carry every ready
-	// session's step, prefill forwards one session's chunk, whole. The
+	// session's step, prefill forwards prompt chunks of one length, each
+	// whole. The
 	// backend must give each session a KV stream of its own
 	// (llamacpp.Config.SeparateKV), where its cells lie in position order,
 	// and its forward must be batch-invariant (the sgemm patch). It is

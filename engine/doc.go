@@ -48,9 +48,11 @@
 //	  iteration; not twice in a row, nor one                                                                    TestPlanBurstNotPreempted,
 //	  that finishes more prompts than decode                                                                    TestDecodePreemptsPrefill
 //	no forward over the batch size              --max-batch                shardd.batch.occupancy               TestPlanBatchFull
-//	deterministic: every ready decode step in   --deterministic            -                                    TestPlanDeterministicTurns
-//	  one forward, one session's prefill chunk
-//	  whole, decode and prefill taking turns
+//	deterministic: every ready decode step in   --deterministic            shardd.streams.placeholder_rows,     TestPlanDeterministicTurns
+//	  one forward, prompt chunks of one length                             shardd.streams.copies
+//	  in another, each whole, decode and prefill
+//	  taking turns; sessions moved onto
+//	  consecutive KV streams (llamacpp.streams)
 //	a session reserves its stated length at     --max-sessions,            shardd.sessions.admitted,            TestReservedAdmission
 //	  its first prefill or is refused             --ctx-tokens               shardd.sessions.refused
 //	  (retryable)

@@ -24,9 +24,11 @@ type Recipe struct {
 	// output_norm, which only the last shard applies.
 	TailNorm string
 	Arch     string
-	// Deterministic: every forward carries one session's rows, each
-	// session with a KV stream of its own (Config.Deterministic), so its
-	// numbers do not depend on what else runs.
+	// Deterministic: each session with a KV stream of its own and every
+	// operation of the forward batch-invariant (Config.Deterministic), so
+	// its numbers do not depend on what else runs. (The recipe line says
+	// "batching=per-session", as it did when forwards carried one
+	// session's rows: the numbers are the same, and so is the digest.)
 	Deterministic bool
 }
 

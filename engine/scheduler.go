@@ -41,9 +41,9 @@ type scheduler struct {
 	spare             []*sessQueue
 	decodes, prefills []*sessQueue
 	rr                int
+	pending           int
 	// together: the deterministic mode's prompt chunks of one forward.
 	together []*sessQueue
-	pending           int
 
 	planned []planned
 	scratch int   // the sequence kept for STATELESS work

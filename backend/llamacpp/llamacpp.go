@@ -94,8 +94,8 @@ type Config struct {
 	// (CtxTokens/MaxSeqs cells) instead of one buffer shared by all, so a
 	// sequence's cells lie in position order, as they would if it were
 	// alone (flash attention sums over them in cell order). A forward then
-	// carries the rows of one sequence, or one row each of several (decode
-	// steps; see streams).
+	// carries the rows of one sequence, or as many rows of each of several
+	// (decode steps, prompt chunks of one length; see streams).
 	SeparateKV bool
 }
 

@@ -18,26 +18,29 @@ import (
 // and in order, each with the same number of rows; anything else it splits
 // into several ubatches, run one after another (the weights read again for
 // each), and the captured hidden states come back in ubatch order, not
-// batch order. So a batch of one row per sequence is copied into the
-// padded batch in stream order, with a placeholder row for each stream
-// in between that has room (at the position after its last, removed again
-// after the forward: its cell is masked from every other row and then
-// free). Every operation of the forward is batch-invariant (TestOpVariance),
-// so neither the other rows nor the placeholders change a row's bits.
+// batch order. So a batch of as many rows of each sequence (decode steps:
+// one each; prompt chunks of one length) is copied into the padded batch
+// in stream order, with as many placeholder rows for each stream in
+// between that has room (at the positions after its last, removed again
+// after the forward: their cells are masked from every other row and then
+// free), unless the gap would take more than gapRows of them: there the
+// ubatch splits. Every operation of the forward is batch-invariant
+// (TestOpVariance), so neither the other rows nor the placeholders change
+// a row's bits.
 //
 // Placeholders cost a row each, and the sessions a worker decodes together
 // are rarely on consecutive streams: on a route they move round it in
 // groups (one per stage), each group's sessions scattered over the
 // streams. So a sequence is not tied to the stream of the same number:
 // the engine's sequences are mapped onto streams, and when the sequences of
-// a decode forward lie scattered (and did the time before: see compact),
-// those outside the best run of streams swap streams with the sequences
-// inside it before the forward runs. A swap copies a stream's every cell,
-// bit for bit, to the same cells of the other (llama_memory_seq_cp across
-// streams; the copy is done as the forward starts, before it reads the
-// cache), so a sequence's cells keep their order and their bits and its
-// results do not change; once the groups settle, their forwards need no
-// placeholders (TestStreamsCompact).
+// a forward lie scattered, they move onto consecutive streams before it
+// runs (see compact for which and when). A move to a stream without cells
+// of a sequence without cells only renames; any other copies a stream's
+// every cell, bit for bit, to the same cells of the other
+// (llama_memory_seq_cp across streams; the copy is done as the forward
+// starts, before it reads the cache), so a sequence's cells keep their
+// order and their bits and its results do not change. Once the groups
+// settle, their forwards need no placeholders (TestStreamsCompact).
 type streams struct {
 	batch *batch
 	// at[i] is row i's index in the padded batch.
