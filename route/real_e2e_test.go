@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -221,5 +222,85 @@ func TestCompactLogitsWholeVocabulary(t *testing.T) {
 	}
 	if !slices.Equal(runs[0], runs[1]) {
 		t.Fatalf("whole rows %v, compact %v", runs[0], runs[1])
+	}
+}
+
+// TestRealModelDeterministic: the deterministic mode on the real
+// checkpoints, SmolLM2 on two workers and Gemma 3 on three (whose
+// sliding-window layers keep a second KV cache, which moves with the
+// first): six generations at once, two pairs of them with prompts of one
+// token count (their chunks can share a prefill forward), each equal its
+// own solo run token for token and logit for logit.
+func TestRealModelDeterministic(t *testing.T) {
+	race.Numeric(t)
+	const n = 16
+	texts := []string{
+		"The river runs", "The forest sleeps", // pairs: cut to one token count
+		"Write a haiku about rivers.", "Write a haiku about forests.",
+		"Explain in one sentence why the sky is blue.", "List three prime numbers:",
+	}
+	for _, tc := range []struct {
+		name   string
+		shards int
+	}{{"smollm2", 2}, {"gemma3", 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			model, err := verify.RealModel(tc.name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, shards := splitModel(t, model, tc.shards, filepath.Join(t.TempDir(), tc.name))
+			tok, err := llamacpp.OpenTokenizer(shards[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			prompts := make([][]int32, len(texts))
+			for i, text := range texts {
+				if prompts[i], err = tok.Encode(text); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tok.Close()
+			for i := 0; i < 4; i += 2 { // the pairs cut to one token count
+				k := min(len(prompts[i]), len(prompts[i+1]))
+				prompts[i], prompts[i+1] = prompts[i][:k], prompts[i+1][:k]
+			}
+			// 9 KV streams of 128 tokens each.
+			var procs []*proc
+			ports := make([]int, len(shards))
+			for i, s := range shards {
+				ports[i] = freePort(t)
+				procs = append(procs, serve(t, s, "127.0.0.1:0", "--deterministic", "--max-sessions", "8", "--ctx-tokens", "1152",
+					"--metrics-listen", fmt.Sprint("127.0.0.1:", ports[i])))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			r, err := Dial(ctx, addrsOf(procs), Options{StepTimeout: 60 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			together := make([][]int32, len(prompts))
+			togetherBits := make([][][]uint32, len(prompts))
+			var wg sync.WaitGroup
+			for i := range prompts {
+				wg.Go(func() { together[i], togetherBits[i] = generateBits(ctx, t, r, prompts[i], n) })
+			}
+			wg.Wait()
+			for i, port := range ports {
+				t.Logf("worker %d: %v stream copies, %v placeholder rows", i,
+					metric(t, port, "shardd_streams_copies_total"), metric(t, port, "shardd_streams_placeholder_rows_total"))
+			}
+			for i := range prompts {
+				alone, bits := generateBits(ctx, t, r, prompts[i], n)
+				if !slices.Equal(together[i], alone) {
+					t.Fatalf("%q: with the others %v, alone %v", texts[i], together[i], alone)
+				}
+				for k := range bits {
+					if !slices.Equal(togetherBits[i][k], bits[k]) {
+						t.Fatalf("%q, token %d: logits with the others differ from alone", texts[i], k)
+					}
+				}
+			}
+		})
 	}
 }
