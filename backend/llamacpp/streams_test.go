@@ -13,8 +13,9 @@ import (
 // carrying rows of five sequences (out of order, with an idle sequence and
 // an empty one between them, which get placeholder rows) gives each row
 // bitwise what the same step gives when its sequence runs alone; the
-// placeholders leave nothing behind. So does a forward of three
-// sequences' prompt chunks of two rows each. Checked where the shard produces
+// placeholders leave nothing behind. So do forwards of three sequences'
+// prompt chunks of two rows each (placeholders in the gaps) and of five
+// (the forward split at the gaps). Checked where the shard produces
 // logits (the whole model) and hidden states (its first shard).
 func TestStreamsBatchEqualsAlone(t *testing.T) {
 	model, shards := tinyShards(t)
@@ -92,9 +93,38 @@ func TestStreamsBatchEqualsAlone(t *testing.T) {
 			want := rows(t, alone, seq, len(prompts[seq])+1, chunk(seq))
 			equalBits(t, fmt.Sprintf("%s: chunk of sequence %d", shortName(path), seq), got[i*width:(i+1)*width], want)
 		}
+		// Chunks of five rows on streams 1 and 6: the gap would take more
+		// placeholder rows than a ubatch of its own costs, so the forward
+		// splits there.
+		bt.Reset()
+		long := func(seq int) []int32 { return []int32{int32(seq + 30), 1, 2, 3, int32(seq)} }
+		at := map[int]int{1: len(prompts[1]) + 1, 6: len(prompts[6]) + 3}
+		for _, seq := range []int{1, 6} {
+			for j, tok := range long(seq) {
+				if err := bt.AddToken(seq, at[seq]+j, tok, j == 4); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		placed, copied := together.StreamStats()
+		if err := together.Forward(bt, &out); err != nil {
+			t.Fatal(err)
+		}
+		if p, c := together.StreamStats(); p != placed || c != copied {
+			t.Fatalf("%s: %d placeholder rows and %d stream copies for chunks of five, want none", shortName(path), p-placed, c-copied)
+		}
+		got = out.Logits
+		if !together.info.LogitsOut {
+			got, width = out.Hidden, 5*together.info.Hidden
+		}
+		got = append([]float32(nil), got...)
+		for i, seq := range []int{1, 6} {
+			want := rows(t, alone, seq, at[seq], long(seq))
+			equalBits(t, fmt.Sprintf("%s: chunk of five of sequence %d", shortName(path), seq), got[i*width:(i+1)*width], want)
+		}
 		// Unequal rows of several sequences are refused.
 		bt.Reset()
-		for _, r := range [][2]int{{0, 7}, {0, 8}, {1, 2}} {
+		for _, r := range [][2]int{{0, 12}, {0, 13}, {1, 2}} {
 			if err := bt.AddToken(r[0], r[1], 3, true); err != nil {
 				t.Fatal(err)
 			}
