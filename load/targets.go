@@ -157,7 +157,7 @@ func (s *Spawned) add(t Target, info TargetInfo) {
 
 // SessionArgs sizes the workers the harness starts for a load: sessions and
 // KV cells for the most requests that can be in flight at once, at any of
-// the levels.
+// the levels, in either mode (--serve-args after them can change both).
 func SessionArgs(w Workload, levels []float64, sweepParam string) []string {
 	inflight := w.Concurrency
 	for _, l := range levels {
@@ -170,7 +170,9 @@ func SessionArgs(w Workload, levels []float64, sweepParam string) []string {
 	}
 	inflight = min(inflight+1, 255)
 	longest := w.PromptLens()[1] + w.LongestOutput()
-	return []string{"--max-sessions", strconv.Itoa(inflight), "--ctx-tokens", strconv.Itoa(inflight*(longest+8) + 256)}
+	// One session's worth more than in flight: a --deterministic worker
+	// holds each session to --ctx-tokens/(--max-sessions+1).
+	return []string{"--max-sessions", strconv.Itoa(inflight), "--ctx-tokens", strconv.Itoa((inflight+1)*(longest+8) + 256)}
 }
 
 // IntsString writes a CPU set as 0,1,2.

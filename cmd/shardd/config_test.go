@@ -79,7 +79,7 @@ func TestParseBench(t *testing.T) {
 		c.w.Lengths.Prompt != [2]int{16, 32} || c.w.Lengths.Output != [2]int{8, 8} || c.f.rounds != 3 {
 		t.Fatalf("%+v %v %v", c.w, c.levels, c.sweepParam)
 	}
-	if got := strings.Join(load.SessionArgs(c.w, c.levels, c.sweepParam), " "); got != "--max-sessions 17 --ctx-tokens 1072" {
+	if got := strings.Join(load.SessionArgs(c.w, c.levels, c.sweepParam), " "); got != "--max-sessions 17 --ctx-tokens 1120" {
 		t.Fatalf("session args %q", got)
 	}
 	for _, tc := range []struct {
