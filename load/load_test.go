@@ -326,3 +326,27 @@ func TestHTMLRendersInChromium(t *testing.T) {
 		}
 	}
 }
+
+// The text report prints each hop's prefix cache share and loads without
+// room, and its KV stream placeholders and copies, only for runs that had
+// any.
+func TestReportHopCounters(t *testing.T) {
+	r := &Report{Runs: []*Summary{
+		{Label: "cached", PrefixHitRate: []float64{0.5, 0.25}, PrefixMisfits: []int64{0, 3}},
+		{Label: "exact", StreamPlaceholders: []int64{12, 0}, StreamCopies: []int64{4, 2}},
+		{Label: "plain", PrefixHitRate: []float64{0, 0}, StreamPlaceholders: []int64{0, 0}, StreamCopies: []int64{0, 0}},
+	}}
+	var out strings.Builder
+	r.WriteText(&out)
+	for _, want := range []string{
+		"prefix cache, prompt tokens answered, cached: hop 0 50%, hop 1 25% (3 loads found no room)\n",
+		"KV streams, placeholder rows / stream copies, exact: hop 0 12 / 4, hop 1 0 / 2\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), ", plain:") {
+		t.Errorf("a run with nothing to report has a line:\n%s", out.String())
+	}
+}
