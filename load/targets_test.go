@@ -35,11 +35,11 @@ func TestRelayHops(t *testing.T) {
 func TestSessionArgs(t *testing.T) {
 	w := Workload{Concurrency: 4}
 	w.Lengths.Prompt, w.Lengths.Output = [2]int{8, 100}, [2]int{16, 16}
-	if got := strings.Join(SessionArgs(w, []float64{4, 8}, "concurrency"), " "); got != "--max-sessions 9 --ctx-tokens 1372" {
+	if got := strings.Join(SessionArgs(w, []float64{4, 8}, "concurrency"), " "); got != "--max-sessions 9 --ctx-tokens 1496" {
 		t.Fatalf("closed loop: %s", got)
 	}
 	w.Rate = 2
-	if got := strings.Join(SessionArgs(w, []float64{2}, ""), " "); got != "--max-sessions 65 --ctx-tokens 8316" {
+	if got := strings.Join(SessionArgs(w, []float64{2}, ""), " "); got != "--max-sessions 65 --ctx-tokens 8440" {
 		t.Fatalf("open loop: %s", got)
 	}
 }
@@ -50,8 +50,9 @@ func TestSessionArgsPairs(t *testing.T) {
 	w := Workload{Concurrency: 2, Turns: 2}
 	w.Lengths.Pairs = [][2]int{{10, 50}, {30, 5}}
 	// The last turn: 2 messages of up to 30 and an answer of up to 50;
-	// then up to 50 more: 160 + 8 a session, 3 sessions, + 256.
-	if got := strings.Join(SessionArgs(w, []float64{2}, ""), " "); got != "--max-sessions 3 --ctx-tokens 760" {
+	// then up to 50 more: 160 + 8 a session, 3 sessions and room for one
+	// more (a --deterministic worker's share), + 256.
+	if got := strings.Join(SessionArgs(w, []float64{2}, ""), " "); got != "--max-sessions 3 --ctx-tokens 928" {
 		t.Fatalf("%s", got)
 	}
 }
