@@ -204,9 +204,8 @@ func (st *streams) posMax(mem C.llama_memory_t, k int) int {
 // there, which copies nothing. Else it finds the run that holds the most
 // of them, and swaps each sequence outside it with a stream inside it
 // that is not the forward's; a swap that copies cells is made only when
-// the forward before the sequence's last also found it outside, so a
-// session that once comes late to its group's forward is not copied there
-// and back.
+// the sequence's previous forward found it outside too, so a session that
+// once comes late to its group's forward is not copied there and back.
 func (st *streams) compact(mem C.llama_memory_t) {
 	n, k := len(st.stream), len(st.seqs)
 	clear(st.in)
