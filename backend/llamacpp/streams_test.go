@@ -20,14 +20,7 @@ import (
 func TestStreamsBatchEqualsAlone(t *testing.T) {
 	model, shards := tinyShards(t)
 	for _, path := range []string{shards[0], model} {
-		open := func() *Backend {
-			b, err := Open(Config{Path: path, Threads: 1, MaxSeqs: 8, CtxTokens: 8 * 32, MaxBatch: 16, SeparateKV: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { b.Close() })
-			return b
-		}
+		open := func() *Backend { return openStreams(t, path, 8) }
 		together, alone := open(), open()
 		prompts := map[int][]int32{0: {5, 9, 33}, 1: {7}, 3: {2, 71, 8, 100, 3, 4}, 4: {11, 12}, 6: {40, 41, 42, 43}, 5: {9, 9}}
 		for _, b := range []*Backend{together, alone} {
@@ -166,14 +159,7 @@ func rows(t *testing.T, b *Backend, seq, pos int, toks []int32) []float32 {
 func TestStreamsCompact(t *testing.T) {
 	model, shards := tinyShards(t)
 	for _, path := range []string{shards[0], model} {
-		open := func() *Backend {
-			b, err := Open(Config{Path: path, Threads: 1, MaxSeqs: 10, CtxTokens: 10 * 32, MaxBatch: 16, SeparateKV: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { b.Close() })
-			return b
-		}
+		open := func() *Backend { return openStreams(t, path, 10) }
 		together, alone := open(), open()
 		groups := [][]int{{0, 3, 5, 8}, {1, 2, 6}} // streams 4, 7 and 9 hold nothing
 		pos := map[int]int{}
@@ -257,6 +243,18 @@ func TestStreamsCompact(t *testing.T) {
 			equalBits(t, fmt.Sprintf("%s: sequence %d from %d", shortName(path), seq, from), rows(t, together, seq, from, toks), rows(t, alone, seq, from, toks))
 		}
 	}
+}
+
+// openStreams opens path with a KV stream for each of seqs sequences, 32
+// cells each.
+func openStreams(t *testing.T, path string, seqs int) *Backend {
+	t.Helper()
+	b, err := Open(Config{Path: path, Threads: 1, MaxSeqs: seqs, CtxTokens: seqs * 32, MaxBatch: 16, SeparateKV: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
 }
 
 func equalBits(t *testing.T, what string, got, want []float32) {
