@@ -39,15 +39,7 @@ func TestRealModelRoutes(t *testing.T) {
 				t.Fatal(err)
 			}
 			ranges, shards := splitModel(t, model, tc.shards, filepath.Join(t.TempDir(), tc.name))
-			tok, err := llamacpp.OpenTokenizer(shards[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			prompt, err := tok.Encode(tc.prompt)
-			tok.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
+			prompt := encode(t, shards[0], tc.prompt)[0]
 			for _, boundary := range []string{"f32", "bf16"} {
 				procs := serveAll(t, shards, "--boundary", boundary)
 				got := generateTokens(t, addrsOf(procs), prompt, n)
@@ -88,6 +80,23 @@ func splitModel(t *testing.T, model string, k int, dir string) ([]gguf.Range, []
 		t.Fatal(err)
 	}
 	return ranges, shards
+}
+
+// encode tokenizes texts with shard's own tokenizer.
+func encode(t *testing.T, shard string, texts ...string) [][]int32 {
+	t.Helper()
+	tok, err := llamacpp.OpenTokenizer(shard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tok.Close()
+	out := make([][]int32, len(texts))
+	for i, text := range texts {
+		if out[i], err = tok.Encode(text); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
 }
 
 // serveAll starts a `shardd serve` on each shard, with args.
@@ -249,17 +258,7 @@ func TestRealModelDeterministic(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, shards := splitModel(t, model, tc.shards, filepath.Join(t.TempDir(), tc.name))
-			tok, err := llamacpp.OpenTokenizer(shards[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			prompts := make([][]int32, len(texts))
-			for i, text := range texts {
-				if prompts[i], err = tok.Encode(text); err != nil {
-					t.Fatal(err)
-				}
-			}
-			tok.Close()
+			prompts := encode(t, shards[0], texts...)
 			for i := 0; i < 4; i += 2 { // the pairs cut to one token count
 				k := min(len(prompts[i]), len(prompts[i+1]))
 				prompts[i], prompts[i+1] = prompts[i][:k], prompts[i+1][:k]

@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/meshnet/shardd/backend"
@@ -208,6 +209,16 @@ func (st *streams) posMax(mem C.llama_memory_t, k int) int {
 // once comes late to its group's forward is not copied there and back.
 func (st *streams) compact(mem C.llama_memory_t) {
 	n, k := len(st.stream), len(st.seqs)
+	lo, hi := n, -1
+	for _, s := range st.seqs {
+		lo, hi = min(lo, st.stream[s]), max(hi, st.stream[s])
+	}
+	if hi-lo+1 == k { // together already: a settled group's every step
+		for _, s := range st.seqs {
+			st.outside[s] = 0
+		}
+		return
+	}
 	clear(st.in)
 	for _, s := range st.seqs {
 		st.in[st.stream[s]] = true
@@ -280,44 +291,38 @@ func (st *streams) compact(mem C.llama_memory_t) {
 			return
 		}
 		st.in[hole], st.in[p] = true, false
-		st.full[hole], st.full[p] = st.full[p], st.full[hole]
 		st.outside[s] = 0
 	}
 }
 
 // swap exchanges the cells of streams p and w and the sequences they
-// hold, through a third stream that holds none when both hold cells. It
-// reports false when it needs one and there is none.
+// hold (st.full says which streams hold cells), through a third stream
+// that holds none when both hold cells. It reports false when it needs one
+// and there is none.
 func (st *streams) swap(mem C.llama_memory_t, p, w int) bool {
-	fullP, fullW := st.posMax(mem, p) >= 0, st.posMax(mem, w) >= 0
 	cp := func(from, to int) {
 		C.llama_memory_seq_cp(mem, C.llama_seq_id(from), C.llama_seq_id(to), -1, -1)
 		C.llama_memory_seq_rm(mem, C.llama_seq_id(from), -1, -1)
 		st.stats.copies.Add(1)
 	}
 	switch {
-	case fullP && fullW:
-		t := -1
-		for j := range st.stream {
-			if j != p && j != w && st.posMax(mem, j) < 0 {
-				t = j
-				break
-			}
-		}
+	case st.full[p] && st.full[w]:
+		t := slices.IndexFunc(st.full, func(f bool) bool { return !f })
 		if t < 0 {
 			return false
 		}
 		cp(p, t)
 		cp(w, p)
 		cp(t, w)
-	case fullP:
+	case st.full[p]:
 		cp(p, w)
-	case fullW:
+	case st.full[w]:
 		cp(w, p)
 	}
 	x, y := st.seqOf[p], st.seqOf[w]
 	st.stream[x], st.stream[y] = w, p
 	st.seqOf[p], st.seqOf[w] = y, x
+	st.full[p], st.full[w] = st.full[w], st.full[p]
 	return true
 }
 
