@@ -121,6 +121,26 @@ type SeqStater interface {
 	// SeqLoad puts a state from SeqSave into seq, which must hold no
 	// cells. ErrKVFull: no room for it.
 	SeqLoad(seq int, state []byte) error
+	// SeqInOrder reports how many positions from 0 a state from SeqSave
+	// holds in position order: the largest n such that the cells of
+	// positions [0, n) are all there and lie in the cache in that order.
+	// Attention sums a row's cells in cache order, and cells do not move
+	// once written, so every row up to n was computed over its cells in
+	// the order a sequence alone in the cache lays them: the cells and the
+	// outputs of positions [0, n) are the bits a lone run computes, and
+	// those past n need not be. 0 for a state it cannot read.
+	SeqInOrder(state []byte) int
+	// SeqCut appends to dst a state with only the cells of positions
+	// [0, n) of state.
+	SeqCut(dst, state []byte, n int) ([]byte, error)
+}
+
+// SeqCounter is a backend that reports the positions a sequence holds,
+// for the engine's consistency checks (-tags invariants).
+type SeqCounter interface {
+	// SeqNext is the position seq's next row must have: its last cell's
+	// position + 1, 0 when it holds none.
+	SeqNext(seq int) int
 }
 
 // StreamStater is a backend that keeps each sequence on a KV stream of its

@@ -217,7 +217,25 @@ func (d *driver) save(sv saveOp) {
 		d.e.log.Warn("prefix cache: could not save a sequence", "err", err)
 		return
 	}
-	d.s.prefix.insert(sv.chain, sv.blocks, state)
+	// Only the blocks whose cells the sequence holds, each in position
+	// order, are a lone run's bits: a chain may have been fed rows that
+	// never ran (a chunk preempted, then cancelled), and in a shared KV
+	// buffer a session's later positions can land in earlier cells.
+	c := d.s.prefix
+	blocks := min(sv.blocks, ss.SeqInOrder(state)/c.block)
+	if blocks < sv.blocks {
+		c.unordered++
+	}
+	if blocks == 0 {
+		return
+	}
+	// The entry holds its blocks' cells and no more, so a load trims none
+	// and leaves no hole for a later row to land in before them.
+	if state, err = ss.SeqCut(nil, state, blocks*c.block); err != nil {
+		d.e.log.Warn("prefix cache: could not cut a sequence's state", "err", err)
+		return
+	}
+	c.insert(sv.chain, blocks, state)
 }
 
 // load puts a prefix cache entry's state into a sequence in place of its
@@ -255,6 +273,7 @@ func (d *driver) load(l loadOp) {
 func (d *driver) settle(rows int) {
 	d.publish(rows)
 	d.apply()
+	d.checkPositions()
 }
 
 // publish copies the state's figures to the engine's atomics, which
@@ -278,6 +297,7 @@ func (d *driver) publish(rows int) {
 		e.statPrefixTokens.Store(p.tokens)
 		e.statPrefixBytes.Store(p.entries.Cost())
 		e.statPrefixMisfits.Store(p.misfits)
+		e.statPrefixUnordered.Store(p.unordered)
 	}
 	e.statBudgetRuns.Store(s.budgetRuns)
 	e.statBudgetHits.Store(s.budgetHits)
@@ -298,7 +318,8 @@ func (d *driver) publish(rows int) {
 // state's results and the batch.
 func (d *driver) shutdown() {
 	d.s.shutdown()
-	d.settle(0)
+	d.publish(0)
+	d.apply()
 	if d.batch != nil {
 		d.be.FreeBatch(d.batch)
 		d.batch = nil

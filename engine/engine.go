@@ -62,6 +62,7 @@ type Engine struct {
 	statResults                                                   atomic.Int64 // bytes held by the results cache
 	statPrefixHits, statPrefixTokens, statPrefixBytes             atomic.Int64 // the prefix cache's figures
 	statPrefixMisfits                                             atomic.Int64
+	statPrefixUnordered                                           atomic.Int64
 	// The cost model (seconds, float64 bits) and the decode budget's record.
 	statCostBase, statCostRow      atomic.Uint64
 	statBudgetRuns, statBudgetHits atomic.Int64

@@ -54,6 +54,10 @@ type prefixCache struct {
 	// misfits counts loads that found no room in the KV cache (the rows
 	// ran instead).
 	misfits int64
+	// unordered counts entries made shorter than asked, or not at all,
+	// because the sequence's cells past some position were missing or out
+	// of position order (backend.SeqStater.SeqInOrder).
+	unordered int64
 }
 
 // prefixEntry is a cached prefix: blocks whole blocks, the KV state of a

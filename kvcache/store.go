@@ -318,6 +318,11 @@ func (s *Store) Sweep() {
 	}
 }
 
+// Each calls f for every session, newest use first.
+func (s *Store) Each(f func(*Session)) {
+	s.lru.All(func(_ string, v *Session) bool { f(v); return true })
+}
+
 // Len is the number of sessions holding state; Tokens the KV tokens held.
 func (s *Store) Len() int    { return s.lru.Len() }
 func (s *Store) Tokens() int { return s.tokens }

@@ -6,6 +6,7 @@
 package backendtest
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"time"
@@ -209,3 +210,81 @@ func (b *batch) AddHiddenF32(seq, pos int, r []float32, out bool) error {
 func (b *batch) Len() int     { return len(b.rows) }
 func (b *batch) Outputs() int { return b.outs }
 func (b *batch) Reset()       { b.rows, b.outs = b.rows[:0], 0 }
+
+// Stater is a Fake that saves and loads sequences (backend.SeqStater), so
+// an engine over it keeps a prefix cache. A state is the positions held
+// and how many of them are in order; OrderFrom makes a sequence's cells
+// from that position on count as out of order, as a shared KV buffer lays
+// them when other sessions come and go.
+type Stater struct {
+	*Fake
+	// OrderFrom maps a sequence to the position from which its cells are
+	// out of cache order (until the sequence is freed).
+	OrderFrom map[int]int
+	// LoadFull makes every SeqLoad find no room (ErrKVFull).
+	LoadFull bool
+	// Saves and Loads count the calls.
+	Saves, Loads int
+}
+
+// NewStater returns a Stater over f.
+func NewStater(f *Fake) *Stater { return &Stater{Fake: f, OrderFrom: map[int]int{}} }
+
+func (f *Stater) SeqTrim(seq, from int) error {
+	if from == 0 {
+		delete(f.OrderFrom, seq)
+	}
+	return f.Fake.SeqTrim(seq, from)
+}
+
+func (f *Stater) SeqSave(dst []byte, seq int) ([]byte, error) {
+	held := f.pos[seq]
+	if held == 0 {
+		return dst, fmt.Errorf("%w: saving an empty sequence %d", backend.ErrForward, seq)
+	}
+	order := held
+	if from, ok := f.OrderFrom[seq]; ok {
+		order = min(order, from)
+	}
+	f.Saves++
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(held))
+	return binary.LittleEndian.AppendUint32(dst, uint32(order)), nil
+}
+
+func (f *Stater) SeqLoad(seq int, state []byte) error {
+	if f.pos[seq] != 0 {
+		return fmt.Errorf("%w: loading into sequence %d, which holds %d positions", backend.ErrInput, seq, f.pos[seq])
+	}
+	if len(state) != 8 {
+		return fmt.Errorf("%w: a state of %d bytes", backend.ErrInput, len(state))
+	}
+	if f.LoadFull {
+		return backend.ErrKVFull
+	}
+	f.Loads++
+	f.pos[seq] = int(binary.LittleEndian.Uint32(state))
+	if order := int(binary.LittleEndian.Uint32(state[4:])); order < f.pos[seq] {
+		f.OrderFrom[seq] = order
+	}
+	return nil
+}
+
+func (f *Stater) SeqInOrder(state []byte) int {
+	if len(state) != 8 {
+		return 0
+	}
+	return int(binary.LittleEndian.Uint32(state[4:]))
+}
+
+// SeqNext is the position seq's next row must have.
+func (f *Fake) SeqNext(seq int) int { return f.pos[seq] }
+
+func (f *Stater) SeqCut(dst, state []byte, n int) ([]byte, error) {
+	if len(state) != 8 {
+		return dst, fmt.Errorf("%w: a state of %d bytes", backend.ErrInput, len(state))
+	}
+	held := min(int(binary.LittleEndian.Uint32(state)), n)
+	order := min(int(binary.LittleEndian.Uint32(state[4:])), held)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(held))
+	return binary.LittleEndian.AppendUint32(dst, uint32(order)), nil
+}

@@ -306,6 +306,15 @@ func (b *Backend) SeqTrim(seq, from int) error {
 	if from == 0 && b.streams != nil {
 		b.streams.outside[seq] = 0
 	}
+	if from == 0 && b.streams == nil {
+		// The shared buffer emptied: its next cells start from cell 0,
+		// as a fresh context's do, so a session that then runs alone lays
+		// its cells in position order, every one after the last (llama.cpp
+		// otherwise searches from the lowest cell last freed and, with
+		// enough room below, from 0: a session started at cell 60 would
+		// put its first decode step's cell before its prompt's).
+		C.shardd_reset_if_empty(b.ctx, C.int32_t(b.info.MaxSeqs))
+	}
 	return nil
 }
 

@@ -196,6 +196,17 @@ bool shardd_seq_rm(struct llama_context *ctx, int32_t seq, int32_t p0) {
     return llama_memory_seq_rm(llama_get_memory(ctx), seq, p0, -1);
 }
 
+bool shardd_reset_if_empty(struct llama_context *ctx, int32_t n_seq) {
+    llama_memory_t mem = llama_get_memory(ctx);
+    for (int32_t s = 0; s < n_seq; s++) {
+        if (llama_memory_seq_pos_max(mem, s) >= 0) {
+            return false;
+        }
+    }
+    llama_memory_clear(mem, false);
+    return true;
+}
+
 // The CPUs this process may run on, read once, when the first pinned
 // threadpool is made.
 static cpu_set_t shardd_allowed;

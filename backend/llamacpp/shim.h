@@ -63,6 +63,10 @@ typedef struct shardd_preempt {
 void shardd_set_preempt(struct llama_context *ctx, shardd_preempt *p);
 bool shardd_cb_eval(struct ggml_tensor *t, bool ask, void *user_data);
 bool shardd_seq_rm(struct llama_context *ctx, int32_t seq, int32_t p0);
+// shardd_reset_if_empty clears the KV cache's cell bookkeeping (its head
+// back to cell 0) when no sequence below n_seq holds a cell, and reports
+// whether it did.
+bool shardd_reset_if_empty(struct llama_context *ctx, int32_t n_seq);
 
 // The benchmarks' baseline (Plain in baseline.go).
 struct llama_context *shardd_plain_context(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,

@@ -1,0 +1,53 @@
+package engine
+
+import (
+	"fmt"
+
+	"github.com/meshnet/shardd/backend"
+	"github.com/meshnet/shardd/bufpool"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/kvcache"
+)
+
+// positionsAgree checks the invariant that ties the session store to the
+// backend: once the effects are carried out, every session's PastLen is the
+// positions its backend sequence holds plus the rows of its admitted work
+// still to run (admission reserves a chunk's rows before they run). A
+// session whose next row would not continue its cells is the desync that
+// llama_decode refuses ("position does not continue the sequence"); this
+// finds it where it starts instead. It returns nil where the backend
+// cannot count positions.
+func (d *driver) positionsAgree() error {
+	sc, ok := d.be.(backend.SeqCounter)
+	if !ok {
+		return nil
+	}
+	pending := map[*kvcache.Session]int{}
+	for _, q := range d.s.queues {
+		for _, w := range q.items {
+			if w.admitted && w.sess != nil && w.mode != shardv1.CacheMode_CACHE_MODE_STATELESS {
+				pending[w.sess] += w.tokens - w.done
+			}
+		}
+	}
+	var err error
+	d.s.store.Each(func(sess *kvcache.Session) {
+		want := sess.PastLen - pending[sess]
+		if got := sc.SeqNext(sess.Seq); got != want && err == nil {
+			err = fmt.Errorf("engine: session %q (sequence %d) is at position %d (past %d, %d rows to run) but its cells end at %d",
+				sess.ID, sess.Seq, want, sess.PastLen, pending[sess], got-1)
+		}
+	})
+	return err
+}
+
+// checkPositions panics, in builds with -tags invariants (tests, the
+// soak), when positionsAgree finds a disagreement.
+func (d *driver) checkPositions() {
+	if !bufpool.Invariants {
+		return
+	}
+	if err := d.positionsAgree(); err != nil {
+		panic(err)
+	}
+}
