@@ -181,7 +181,7 @@ SOAKTIME ?= 10m
 SOAKTIMEOUT ?= 30m
 SOAK_DIR ?= $(CURDIR)/out/soak
 soak: deps llama
-	SHARDD_SOAK=$(SOAKTIME) SHARDD_SOAK_DIR=$(SOAK_DIR) $(GO) test -count=1 -run '^TestSoak$$' -v -timeout $(SOAKTIMEOUT) ./cmd/shardd
+	SHARDD_SOAK=$(SOAKTIME) SHARDD_SOAK_DIR=$(SOAK_DIR) $(GO) test -tags invariants -count=1 -run '^TestSoak$$' -v -timeout $(SOAKTIMEOUT) ./cmd/shardd
 
 ## demo: the first command to run. Builds shardd, generates the tiny model,
 ## splits it in two, serves each half with its own shardd on loopback,

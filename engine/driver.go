@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"time"
@@ -21,8 +22,9 @@ type driver struct {
 	be    backend.Backend
 	batch backend.Batch
 	out   backend.Output
-	// backup holds a sequence's cells while a prefix load replaces them.
-	backup []byte
+	// backup holds a sequence's cells while a prefix load replaces them;
+	// saved and cut a state on its way to becoming a prefix cache entry.
+	backup, saved, cut []byte
 }
 
 // init allocates the forward batch.
@@ -212,7 +214,8 @@ func (d *driver) save(sv saveOp) {
 	if !ok || d.s.prefix == nil {
 		return
 	}
-	state, err := ss.SeqSave(nil, sv.seq)
+	state, err := ss.SeqSave(d.saved[:0], sv.seq)
+	d.saved = state[:0]
 	if err != nil {
 		d.e.log.Warn("prefix cache: could not save a sequence", "err", err)
 		return
@@ -231,11 +234,14 @@ func (d *driver) save(sv saveOp) {
 	}
 	// The entry holds its blocks' cells and no more, so a load trims none
 	// and leaves no hole for a later row to land in before them.
-	if state, err = ss.SeqCut(nil, state, blocks*c.block); err != nil {
+	cut, err := ss.SeqCut(d.cut[:0], state, blocks*c.block)
+	d.cut = cut[:0]
+	if err != nil {
 		d.e.log.Warn("prefix cache: could not cut a sequence's state", "err", err)
 		return
 	}
-	c.insert(sv.chain, blocks, state)
+	// A copy of its own size: the cache counts its entries' bytes.
+	c.insert(sv.chain, blocks, bytes.Clone(cut))
 }
 
 // load puts a prefix cache entry's state into a sequence in place of its

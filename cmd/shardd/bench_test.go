@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshnet/shardd/bufpool"
 	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/internal/race"
 	"github.com/meshnet/shardd/load"
@@ -21,8 +22,11 @@ func buildShardd(t *testing.T, dir string) string {
 	t.Helper()
 	bin := filepath.Join(dir, "shardd")
 	build := []string{"build", "-o", bin}
-	if race.Enabled {
+	switch {
+	case race.Enabled:
 		build = append(build, "-race", "-tags", "invariants")
+	case bufpool.Invariants: // the soak: the workers check what the test does
+		build = append(build, "-tags", "invariants")
 	}
 	if out, err := exec.Command("go", append(build, ".")...).CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

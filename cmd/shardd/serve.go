@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -276,6 +277,7 @@ func (c *serveConfig) run() error {
 	ecfg.TracerProvider, ecfg.MeterProvider = tel.TracerProvider(), tel.Meter
 	eng := engine.New(ecfg, be, meta, c.log)
 	defer eng.Close()
+	c.limitGoHeap()
 
 	tlsCfg, err := c.tls.config(nonEmpty(c.listen, c.framesListen, c.relayAddr), c.log)
 	if err != nil {
@@ -302,6 +304,27 @@ func (c *serveConfig) run() error {
 	setHealth(hs, healthpb.HealthCheckResponse_NOT_SERVING)
 	c.drain(eng, srv, fsrv)
 	return nil
+}
+
+// goHeapBase is what the Go heap may hold beside the results and prefix
+// caches before its collector works harder: streams' gRPC buffers, pooled
+// buffers, queued work. Idle workers hold 10-20 MiB of it.
+const goHeapBase = 128 << 20
+
+// limitGoHeap sets the Go heap's soft limit (runtime/debug.SetMemoryLimit)
+// to the caches' budgets plus goHeapBase, unless GOMEMLIMIT sets one. The
+// caches are the Go memory a worker grows into, and with the collector's
+// default pacing a heap may reach twice what it holds live; with the limit
+// it collects sooner instead, so RSS stays near model + KV + budgets
+// (README: Memory).
+func (c *serveConfig) limitGoHeap() {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		return
+	}
+	limit := c.engine.ResultsCacheBytes + max(c.engine.PrefixCacheBytes, 0) + goHeapBase
+	debug.SetMemoryLimit(limit)
+	c.log.Info("memory", "go_heap_soft_limit_mib", limit>>20, "results_cache_mib", c.engine.ResultsCacheBytes>>20,
+		"prefix_cache_mib", max(c.engine.PrefixCacheBytes, 0)>>20)
 }
 
 // grpcServer registers the engine, health and reflection on a gRPC server.

@@ -72,10 +72,13 @@ import (
 const soakDrift = 0.05
 
 // soakRSSBound: a worker's RSS after warm-up may grow by at most this
-// fraction plus soakRSSSlack over the rest of the soak. What may still
-// grow after warm-up is bounded by configuration: the results cache
-// (--results-cache-bytes, 8 MiB here) and gRPC's per-stream buffers; the KV
-// cache is allocated at start.
+// fraction plus soakRSSSlack, plus what its prefix cache may still take
+// (--prefix-cache-bytes less what it held at warm-up), over the rest of
+// the soak. What may still grow after warm-up is bounded by configuration:
+// the prefix cache, the results cache (--results-cache-bytes, 8 MiB here)
+// and gRPC's per-stream buffers; the KV cache is allocated at start, and
+// the Go heap's soft limit holds the heap near what the caches hold
+// (serve's limitGoHeap).
 const (
 	soakRSSBound = 0.25
 	soakRSSSlack = 32 << 20
@@ -155,8 +158,18 @@ type soakWorker struct {
 	RSSWarmMiB  float64 `json:"rss_after_warmup_mib"`
 	RSSMaxMiB   float64 `json:"rss_max_after_warmup_mib"`
 	RSSEndMiB   float64 `json:"rss_end_mib"`
-	Evictions   float64 `json:"evictions"`
-	Preemptions float64 `json:"preemptions"`
+	RSSBoundMiB float64 `json:"rss_bound_mib"`
+	// The prefix cache's bytes at warm-up and at the end, its budget, and
+	// its counters at the end.
+	PrefixWarmMiB   float64 `json:"prefix_after_warmup_mib"`
+	PrefixEndMiB    float64 `json:"prefix_end_mib"`
+	PrefixBudgetMiB float64 `json:"prefix_budget_mib"`
+	PrefixHits      float64 `json:"prefix_hits"`
+	PrefixTokens    float64 `json:"prefix_tokens"`
+	PrefixUnordered float64 `json:"prefix_unordered"`
+	PrefixMisfits   float64 `json:"prefix_misfits"`
+	Evictions       float64 `json:"evictions"`
+	Preemptions     float64 `json:"preemptions"`
 }
 
 // idleSet is what a worker holds when no session is open.
@@ -480,8 +493,9 @@ func TestSoak(t *testing.T) {
 			faultMu.Unlock()
 		}
 	})
-	rss := make([][]float64, len(cl.Metrics)) // samples after warm-up
-	bg.Go(func() {                            // RSS samples
+	rss := make([][]float64, len(cl.Metrics))      // samples after warm-up
+	prefixWarm := make([]float64, len(cl.Metrics)) // the prefix cache's bytes at the first
+	bg.Go(func() {                                 // RSS samples
 		for {
 			select {
 			case <-stopFaults:
@@ -492,8 +506,11 @@ func TestSoak(t *testing.T) {
 				continue
 			}
 			for i, a := range cl.Metrics {
-				if v, err := rssOf(a); err == nil {
-					rss[i] = append(rss[i], v)
+				if m, err := telemetry.Scrape(a, "process_resident_memory_bytes", "shardd_prefix_bytes"); err == nil {
+					if len(rss[i]) == 0 {
+						prefixWarm[i] = m["shardd_prefix_bytes"]
+					}
+					rss[i] = append(rss[i], m["process_resident_memory_bytes"])
 				}
 			}
 		}
@@ -525,16 +542,23 @@ func TestSoak(t *testing.T) {
 			// buffers still out were taken to its log.
 			syscall.Kill(cl.Pids[i], syscall.SIGUSR1)
 		}
-		if m, err := telemetry.Scrape(a, "process_resident_memory_bytes", "shardd_evictions_total", "shardd_preemptions_total"); err == nil {
+		if m, err := telemetry.Scrape(a, "process_resident_memory_bytes", "shardd_evictions_total", "shardd_preemptions_total",
+			"shardd_prefix_bytes", "shardd_prefix_hits_total", "shardd_prefix_tokens_total", "shardd_prefix_unordered_total", "shardd_prefix_misfits_total"); err == nil {
 			w.RSSEndMiB, w.Evictions, w.Preemptions = m["process_resident_memory_bytes"]/(1<<20), m["shardd_evictions_total"], m["shardd_preemptions_total"]
+			w.PrefixEndMiB, w.PrefixHits, w.PrefixTokens = m["shardd_prefix_bytes"]/(1<<20), m["shardd_prefix_hits_total"], m["shardd_prefix_tokens_total"]
+			w.PrefixUnordered, w.PrefixMisfits = m["shardd_prefix_unordered_total"], m["shardd_prefix_misfits_total"]
 		} else {
 			t.Error(err)
 		}
 		if len(rss[i]) > 0 {
+			budget := float64(prefixBudget(args))
 			w.RSSWarmMiB, w.RSSMaxMiB = rss[i][0]/(1<<20), slices.Max(rss[i])/(1<<20)
-			if bound := rss[i][0]*(1+soakRSSBound) + soakRSSSlack; slices.Max(rss[i]) > bound {
-				t.Errorf("%s RSS grew from %.1f MiB after warm-up to %.1f MiB (bound %.1f MiB)", w.Name,
-					w.RSSWarmMiB, w.RSSMaxMiB, bound/(1<<20))
+			w.PrefixWarmMiB, w.PrefixBudgetMiB = prefixWarm[i]/(1<<20), budget/(1<<20)
+			bound := rss[i][0]*(1+soakRSSBound) + soakRSSSlack + max(budget-prefixWarm[i], 0)
+			w.RSSBoundMiB = bound / (1 << 20)
+			if slices.Max(rss[i]) > bound {
+				t.Errorf("%s RSS grew from %.1f MiB after warm-up to %.1f MiB (bound %.1f MiB: the prefix cache held %.1f of its %.0f MiB at warm-up)", w.Name,
+					w.RSSWarmMiB, w.RSSMaxMiB, w.RSSBoundMiB, w.PrefixWarmMiB, w.PrefixBudgetMiB)
 			}
 		}
 	}
@@ -587,6 +611,22 @@ func TestSoak(t *testing.T) {
 	if rep.Checked == 0 || rep.Faults["reset mid-message"] == 0 || rep.ProxyResets == 0 {
 		t.Errorf("the soak did not exercise what it claims: %d checked generations, %d resets", rep.Checked, rep.ProxyResets)
 	}
+}
+
+// prefixBudget is the --prefix-cache-bytes that serve args give (the last
+// one), or serve's default.
+func prefixBudget(args []string) int64 {
+	budget := int64(256 << 20)
+	for i, a := range args {
+		v, ok := strings.CutPrefix(a, "--prefix-cache-bytes=")
+		if !ok && a == "--prefix-cache-bytes" && i+1 < len(args) {
+			v, ok = args[i+1], true
+		}
+		if n, err := strconv.ParseInt(v, 10, 64); ok && err == nil {
+			budget = n
+		}
+	}
+	return budget
 }
 
 // soakOne runs one generation the way rng picks: to the end, stopped
