@@ -19,6 +19,13 @@ type probeCase struct {
 	// alone: the row among others differs from the row alone; among: the
 	// row differs between batches of two rows or more.
 	alone, among bool
+	// measured: the row is printed, not pinned. The product relies on
+	// the invariant rows (matmul with the patch, the row-wise operations,
+	// flash attention over cells in order); whether an operation shardd
+	// does not use varies, or whether summing cells in another order
+	// happens to round alike, depends on the CPU's kernels (AVX-512 or
+	// AVX2) and is no promise.
+	measured bool
 }
 
 // TestOpVariance: for each operation of the CPU forward, one row computed
@@ -34,14 +41,20 @@ type probeCase struct {
 //   - RMS norm, RoPE, softmax: invariant (row by row).
 //   - Flash attention: invariant when the row's own cells are visited in
 //     the same order, whether other rows' masked cells sit after them or
-//     between them (a masked cell is skipped); not when the row's cells
-//     come in another order (its running softmax sums in cell order), which
-//     is what a KV buffer shared by sessions does to a session whose later
-//     positions land in earlier cells. So the exact mode gives each session
-//     a KV stream of its own.
-//   - Attention without flash attention: varies (its mul_mats and softmax
-//     run over the whole KV range of the batch). shardd turns flash
+//     between them (a masked cell is skipped); not, on the CPUs measured,
+//     when the row's cells come in another order (its running softmax sums
+//     in cell order), which is what a KV buffer shared by sessions does to
+//     a session whose later positions land in earlier cells. So the exact
+//     mode gives each session a KV stream of its own, and the prefix cache
+//     keeps only cells laid in position order.
+//   - Attention without flash attention: varies on AVX-512 builds (its
+//     mul_mats and softmax run over the whole KV range of the batch), and
+//     not on some AVX2 ones; printed, not pinned. shardd turns flash
 //     attention on.
+//
+// Pinned are the facts the product relies on, which must hold on every
+// x86-64 CPU (x86-64-v2 and later); the rows marked measured are printed
+// for the reader and vary by CPU.
 func TestOpVariance(t *testing.T) {
 	var cases []probeCase
 	for _, name := range []string{"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_K", "q5_K", "q6_K"} {
@@ -51,11 +64,11 @@ func TestOpVariance(t *testing.T) {
 		probeCase{name: "rms_norm", op: probeRMSNorm},
 		probeCase{name: "rope", op: probeRope},
 		probeCase{name: "softmax", op: probeSoftmax},
-		probeCase{name: "attention, cells in blocks", op: probeAttn, alone: true, among: true},
-		probeCase{name: "attention, cells interleaved", op: probeAttn, layout: probeInterleaved, alone: true, among: true},
+		probeCase{name: "attention, cells in blocks", op: probeAttn, measured: true},
+		probeCase{name: "attention, cells interleaved", op: probeAttn, layout: probeInterleaved, measured: true},
 		probeCase{name: "flash attention, cells in blocks", op: probeFlashAttn},
 		probeCase{name: "flash attention, cells interleaved", op: probeFlashAttn, layout: probeInterleaved},
-		probeCase{name: "flash attention, own cells reversed", op: probeFlashAttn, layout: probeReversed, alone: true},
+		probeCase{name: "flash attention, own cells reversed", op: probeFlashAttn, layout: probeReversed, measured: true},
 	)
 	var table strings.Builder
 	fmt.Fprintf(&table, "%-46s", "operation: differing floats vs alone")
@@ -76,8 +89,11 @@ func TestOpVariance(t *testing.T) {
 				differsAlone = differsAlone || d > 0
 				differsAmong = differsAmong || differing(got, two) > 0
 			}
+			if c.measured {
+				table.WriteString(" (measured, not pinned)")
+			}
 			table.WriteString("\n")
-			if differsAlone != c.alone || differsAmong != c.among {
+			if !c.measured && (differsAlone != c.alone || differsAmong != c.among) {
 				t.Errorf("%s, %d threads: differs from the row alone %v (pinned %v), between batches %v (pinned %v)",
 					c.name, threads, differsAlone, c.alone, differsAmong, c.among)
 			}
