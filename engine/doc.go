@@ -68,6 +68,26 @@
 //	repeated prompt blocks answered from the    --prefix-cache-bytes,      shardd.prefix.hits,                  TestPrefixCacheIdentity,
 //	  prefix cache, bounded in bytes, never     --prefix-block             shardd.prefix.tokens,                TestPrefixCacheBounded
 //	  across identities                                                    shardd.prefix.bytes
+//	prefix entries hold only positions whose   -                          shardd.prefix.unordered              TestPrefixCacheChurn
+//	  cells the sequence holds in position
+//	  order, cut to whole blocks
+//
+// The prefix cache (prefix.go) answers a prompt's rows with the bits that a
+// forward computes for a session alone in the KV buffer. An entry is made
+// only of the positions whose cells the sequence holds, each laid in
+// position order (backend.SeqStater.SeqInOrder), cut to its whole blocks
+// (SeqCut). Attention sums a row's cells in cache order, and every other
+// operation of the forward is batch-invariant (backend/llamacpp pins it), so those
+// rows were computed as a lone run computes them, whatever else shared
+// their forwards; positions past a session's first cell laid out of order
+// (a shared buffer does that when sessions come and go) are not cached,
+// and neither are rows a chain was fed but that never ran. Loaded into a
+// session alone (no other session holding cells: the buffer restarts at
+// cell 0 when it empties), an entry's cells lie in order again and the
+// session goes on as the whole model would. In the deterministic mode each
+// session has a stream of its own, where its cells always lie in order.
+// Under -tags invariants the driver checks after every iteration that each
+// session's position is where its cells end (check_positions.go).
 //
 // The scheduler is a state with a driver, as etcd's raft is built. The
 // state (scheduler.go; plan.go: planning; admission.go: admission and the
