@@ -29,7 +29,7 @@ BENCHCOUNT ?= 6
 
 APT_PKGS := protobuf-compiler chromium unzip
 
-.PHONY: all deps tools llama build-cuda env generate check-generate build test vet unit fuzz fuzz-long soak bench demo demo-real models clean
+.PHONY: all deps tools llama build-cuda env generate check-generate build test vet unit fuzz fuzz-long soak soak-short bench demo demo-real models clean
 
 all: build
 
@@ -183,6 +183,14 @@ SOAK_DIR ?= $(CURDIR)/out/soak
 soak: deps llama
 	SHARDD_SOAK=$(SOAKTIME) SHARDD_SOAK_DIR=$(SOAK_DIR) $(GO) test -tags invariants -count=1 -run '^TestSoak$$' -v -timeout $(SOAKTIMEOUT) ./cmd/shardd
 
+## soak-short: the soak for SOAKSHORT (60s) with the workers' defaults
+## (prefix cache on) and faults on, its report in out/soak-short; part of
+## `make test`, so a regression in session or KV state cannot pass it
+## silently.
+SOAKSHORT ?= 60s
+soak-short: deps llama
+	@SHARDD_SOAK=$(SOAKSHORT) SHARDD_SOAK_DIR=$(CURDIR)/out/soak-short $(GO) test -tags invariants -count=1 -run '^TestSoak$$' -timeout 15m ./cmd/shardd
+
 ## demo: the first command to run. Builds shardd, generates the tiny model,
 ## splits it in two, serves each half with its own shardd on loopback,
 ## generates through the route and checks the tokens against the unsplit
@@ -210,7 +218,7 @@ demo-real: build models
 	@scripts/demo-real.sh $(BIN)/shardd $(CURDIR)/out/demo-real/$(DEMO_MODEL) $(DEMO_MODEL) $(DEMO_SHARDS) $(if $(PROMPT),"$(PROMPT)")
 
 ## test: what CI runs.
-test: check-generate vet unit fuzz
+test: check-generate vet unit soak-short fuzz
 
 ## bench: every benchmark, BENCHCOUNT runs each; PERF.md quotes medians.
 bench: deps llama
