@@ -189,7 +189,7 @@ soak: deps llama
 ## silently.
 SOAKSHORT ?= 60s
 soak-short: deps llama
-	@SHARDD_SOAK=$(SOAKSHORT) SHARDD_SOAK_DIR=$(CURDIR)/out/soak-short $(GO) test -tags invariants -count=1 -run '^TestSoak$$' -timeout 15m ./cmd/shardd
+	@SHARDD_SOAK=$(SOAKSHORT) SHARDD_SOAK_DIR=$(CURDIR)/out/soak-short $(GO) test -tags invariants -count=1 -run '^TestSoak$$' -v -timeout 15m ./cmd/shardd
 
 ## demo: the first command to run. Builds shardd, generates the tiny model,
 ## splits it in two, serves each half with its own shardd on loopback,
