@@ -51,6 +51,11 @@ type Info struct {
 	// the capability report, e.g. "llama.cpp/ollama-v0.17.4 cpu".
 	Name   string
 	Device string
+	// Kernels are recipe lines ("key=value") that name what chooses the
+	// backend's kernels and rounding: how it was compiled, for which
+	// instruction set. Two backends whose lines differ may compute other
+	// bits; the thread count and the CPU's model name are not among them.
+	Kernels []string
 }
 
 // Batch is one forward call's input, filled row by row. Rows of one

@@ -158,16 +158,21 @@ func (e *Engine) parseBundle(w *work, b *shardv1.TensorBundle, zstdOK bool) erro
 			if err := e.parsePositions(w, nt, zstdOK); err != nil {
 				return err
 			}
-		case nameLogitsTopK:
+		case nameLogitsTopK, nameSessionTokens:
+			if !e.features.Has(nt.Name) {
+				return wireerr.Errorf(ErrUnknownTensor, "%.64q", nt.Name) // as a worker of a release without it
+			}
+			if nt.Name == nameSessionTokens {
+				v, err := e.parseScalar(nt, zstdOK, 1, 1<<30)
+				if err != nil {
+					return err
+				}
+				w.length = v
+				break
+			}
 			if err := e.parseTopK(w, nt, zstdOK); err != nil {
 				return err
 			}
-		case nameSessionTokens:
-			v, err := e.parseScalar(nt, zstdOK, 1, 1<<30)
-			if err != nil {
-				return err
-			}
-			w.length = v
 		default:
 			return wireerr.Errorf(ErrUnknownTensor, "%.64q", nt.Name)
 		}

@@ -85,6 +85,10 @@ type Config struct {
 	// output rows of prompt prefixes this shard computed, found again by
 	// content. 0: the default, 256 MiB; negative: no cache.
 	PrefixCacheBytes int64
+	// Withhold names optional behaviours (internal/feature) this worker
+	// neither advertises nor accepts, as a worker of an earlier release:
+	// their tensors are refused as unknown.
+	Withhold []string
 	// PrefixBlock is the prefix cache's block, in positions: a prompt's
 	// prefix is found again in whole blocks. 0: 32.
 	PrefixBlock int

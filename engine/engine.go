@@ -12,6 +12,7 @@ import (
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/internal/feature"
 	"github.com/meshnet/shardd/internal/lru"
 	"github.com/meshnet/shardd/stages/checksum"
 	"github.com/meshnet/shardd/stages/decode"
@@ -28,12 +29,16 @@ type Engine struct {
 
 	cfg    Config
 	be     backend.Backend
-	info   backend.Info
-	id     Identity
-	pool   *bufpool.Pool
-	recv   *receive.Pipeline
-	framer *frameout.Framer
-	log    *slog.Logger
+	recipe Recipe // what id's recipe digest digests
+	// features are the optional behaviours this worker advertises and
+	// accepts (Config.Withhold left out).
+	features feature.Set
+	info     backend.Info
+	id       Identity
+	pool     *bufpool.Pool
+	recv     *receive.Pipeline
+	framer   *frameout.Framer
+	log      *slog.Logger
 
 	validated   bool
 	validatedAt time.Time
@@ -94,11 +99,11 @@ func New(cfg Config, be backend.Backend, meta gguf.Meta, log *slog.Logger) *Engi
 	}
 	pool := bufpool.Default
 	e := &Engine{
-		cfg:  cfg,
-		be:   be,
-		info: info,
-		id:   NewIdentity(meta, RecipeFor(info, meta, cfg.Boundary, cfg.Deterministic), cfg.Version),
-		pool: pool,
+		cfg:    cfg,
+		be:     be,
+		info:   info,
+		recipe: RecipeFor(info, meta, cfg.Boundary, cfg.Deterministic),
+		pool:   pool,
 		recv: receive.New(receive.Config{
 			Budget:   reassemble.Budget{MaxTensorBytes: cfg.MaxTensorBytes},
 			Checksum: checksum.Policy{Require: cfg.RequireChecksum},
@@ -110,6 +115,8 @@ func New(cfg Config, be backend.Backend, meta gguf.Meta, log *slog.Logger) *Engi
 		stop:    make(chan struct{}),
 		stopped: make(chan struct{}),
 	}
+	e.id = NewIdentity(meta, e.recipe, cfg.Version)
+	e.features = feature.Without(cfg.Withhold)
 	e.initObserver(cfg.TracerProvider, cfg.MeterProvider)
 	if err := backend.Probe(be); err != nil {
 		e.detail = "capability probe failed: the shard could not run a forward pass"

@@ -15,7 +15,13 @@ import (
 // workers whose recipes differ never share a runtime_recipe_digest, so they
 // refuse each other at open instead of producing silently different tokens.
 type Recipe struct {
-	Backend  string // backend and version, e.g. "llama.cpp/ollama-v0.17.4 cpu"
+	Backend string // backend and version, e.g. "llama.cpp/ollama-v0.17.4 cpu"
+	// Kernels name what chooses the backend's kernels and their rounding
+	// (backend.Info.Kernels): its build (library version, patches,
+	// compilers, flags, target) and the instruction set ggml's kernels
+	// were compiled for. Not the thread count (the forward's bits do not
+	// depend on it: TestRecipeThreads) nor the CPU's model name.
+	Kernels  []string
 	Weights  string // weight types of the file
 	KVType   string // KV cache element type
 	Boundary string // activation dtype on the wire: bf16 (canonical) or f32
@@ -34,22 +40,32 @@ type Recipe struct {
 
 // Canonical is the digested form: one key=value per line, fixed order.
 func (r Recipe) Canonical() string {
-	return strings.Join([]string{
-		"recipe=shardd/1",
-		"backend=" + r.Backend,
-		"arch=" + r.Arch,
-		"weights=" + r.Weights,
-		"kv=" + r.KVType,
-		"boundary=" + r.Boundary,
-		"tail_norm=" + r.TailNorm,
-	}, "\n") + r.batching()
+	return strings.Join(r.Lines(), "\n")
 }
 
-// batching is the recipe line of the deterministic mode (none otherwise,
-// so the default recipe's digest is what it always was).
+// Lines are the recipe's key=value lines, in the digested order: what
+// GetCapability's backend field shows, so a person can read why two
+// digests differ (Diff).
+func (r Recipe) Lines() []string {
+	lines := []string{"recipe=shardd/2", "backend=" + r.Backend}
+	lines = append(lines, r.Kernels...)
+	lines = append(lines,
+		"arch="+r.Arch,
+		"weights="+r.Weights,
+		"kv="+r.KVType,
+		"boundary="+r.Boundary,
+		"tail_norm="+r.TailNorm,
+	)
+	if b := r.batching(); b != "" {
+		lines = append(lines, b)
+	}
+	return lines
+}
+
+// batching is the recipe line of the deterministic mode (none otherwise).
 func (r Recipe) batching() string {
 	if r.Deterministic {
-		return "\nbatching=per-session,kv=per-session"
+		return "batching=per-session,kv=per-session"
 	}
 	return ""
 }
@@ -69,6 +85,7 @@ func RecipeFor(info backend.Info, meta gguf.Meta, boundary shardv1.DType, determ
 	}
 	return Recipe{
 		Backend:  info.Name,
+		Kernels:  info.Kernels,
 		Weights:  meta.FileType,
 		KVType:   "f16",
 		Boundary: b,

@@ -15,6 +15,8 @@ import (
 
 	"github.com/meshnet/shardd/frames"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/feature"
+	"github.com/meshnet/shardd/internal/recipe"
 	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/stages/decode"
 )
@@ -57,10 +59,10 @@ func (e *Engine) GetCapability(ctx context.Context, req *shardv1.CapabilityReque
 		SchemaVersion:           shardv1.SchemaVersion_SCHEMA_VERSION_1,
 		Fingerprint:             e.id.Fingerprint,
 		ShardRange:              e.id.Range,
-		Backend:                 e.info.Name,
+		Backend:                 strings.Join(e.recipe.Lines(), recipe.Sep),
 		Device:                  e.info.Device,
 		Validated:               e.validated,
-		Detail:                  e.detail,
+		Detail:                  feature.Advertise(e.detail, e.features),
 		MaxConcurrentSessions:   uint64(e.cfg.MaxSessions),
 		MaxContextTokens:        uint64(e.info.CtxTokens),
 		FlowControl:             e.negotiate(nil).proto(),

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/feature"
+	"github.com/meshnet/shardd/internal/recipe"
 	"github.com/meshnet/shardd/internal/tracectx"
 	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/stages"
@@ -77,13 +80,23 @@ type Stats struct {
 	// returned only compact output).
 	Vocab int
 	// Compact is the K of the compact output the last hop was asked for
-	// (Options.CompactLogits; 0: whole rows).
+	// (Options.CompactLogits; 0: whole rows, also where the last hop does
+	// not advertise it).
 	Compact int
+	// RecipeChanges describe each hop that came back with another runtime
+	// recipe during the generation (a worker restarted with another build
+	// on its address), the session rebuilt on it: "ADDR: key: old | new"
+	// for each recipe line that differs. With Options.ReplayRecovery such
+	// a change ends the generation with ErrRecipeChanged instead.
+	RecipeChanges []string
 }
 
 // hopStream is one generation's Session stream to one hop.
 type hopStream struct {
-	hop    *Hop
+	hop *Hop
+	// opened is the hop's report the stream was opened with: its
+	// fingerprint and range go in every envelope.
+	opened *shardv1.CapabilityReport
 	stream grpc.BidiStreamingClient[shardv1.SessionRequest, shardv1.SessionResponse]
 	cancel context.CancelFunc
 	limits *shardv1.FlowControl
@@ -197,7 +210,7 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 		}
 	}
 	g.chunk = g.chunkSize()
-	if r.opts.CompactLogits && req.Logits == nil {
+	if r.opts.CompactLogits && req.Logits == nil && r.Hops[len(r.Hops)-1].Features().Has(feature.LogitsTopK) {
 		g.askCompact(req.Sampling.Compact())
 	}
 	g.lenTensor = g.scalar(nameSessionTokens, min(len(req.Prompt)+max(req.MaxTokens, 1), 1<<30))
@@ -302,8 +315,46 @@ func (g *gen) rowsKnown() bool {
 	return true
 }
 
+// recipeChanged reads hop i's capability again after it refused the
+// fingerprint the head had for it. A worker of another model or range is
+// no hop of this route (ErrRoute); one of another recipe is declared:
+// with ReplayRecovery, whose promise is bitwise continuation, the
+// generation ends (ErrRecipeChanged); otherwise it goes on, the change in
+// Stats.RecipeChanges, and the session is rebuilt there (the new worker
+// holds none of it: its next step is a CACHE_MISS).
+func (g *gen) recipeChanged(i int) error {
+	h := g.r.Hops[i]
+	old := h.Current()
+	c, err := h.capability(g.ctx, g.r.opts.StepTimeout)
+	if err != nil {
+		return err
+	}
+	switch {
+	case c.GetFingerprint().GetModelArtifactDigest() != old.GetFingerprint().GetModelArtifactDigest() ||
+		c.GetShardRange().GetStartLayer() != old.GetShardRange().GetStartLayer() ||
+		c.GetShardRange().GetEndLayer() != old.GetShardRange().GetEndLayer():
+		return fmt.Errorf("%w: %s now serves another model or layer range", ErrRoute, h.Addr)
+	case !c.GetValidated():
+		return fmt.Errorf("%w: %s is not validated (%s)", ErrRoute, h.Addr, c.GetDetail())
+	}
+	h.current.CompareAndSwap(h.current.Load(), newHopState(c))
+	if c.GetFingerprint().GetRuntimeRecipeDigest() == old.GetFingerprint().GetRuntimeRecipeDigest() {
+		return nil
+	}
+	change := h.Addr + ": " + strings.Join(recipe.Diff(old.GetBackend(), c.GetBackend()), "; ")
+	if g.r.opts.ReplayRecovery {
+		return fmt.Errorf("%w: %s", ErrRecipeChanged, change)
+	}
+	g.stats.RecipeChanges = append(g.stats.RecipeChanges, change)
+	return nil
+}
+
 // open (re)opens hop i's stream.
-func (g *gen) open(i int) error {
+func (g *gen) open(i int) error { return g.openStream(i, false) }
+
+// openStream opens hop i's stream; reread: the hop's report was just read
+// again after a fingerprint refusal, which is not done twice in a row.
+func (g *gen) openStream(i int, reread bool) error {
 	if old := g.streams[i]; old != nil {
 		old.watchdog.Stop()
 		old.cancel()
@@ -335,9 +386,10 @@ func (g *gen) open(i int) error {
 		}
 		return fmt.Errorf("route: %s: %w", h.Addr, err)
 	}
+	opened := h.Current()
 	err = stream.Send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Open{Open: &shardv1.SessionOpen{
 		SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1, RouteSessionId: g.id, RouteEpoch: g.epoch,
-		Fingerprint: h.Capability.Fingerprint, ShardRange: h.Capability.ShardRange,
+		Fingerprint: opened.GetFingerprint(), ShardRange: opened.GetShardRange(),
 	}}})
 	var resp *shardv1.SessionResponse
 	if err == nil {
@@ -354,10 +406,18 @@ func (g *gen) open(i int) error {
 	if a == nil {
 		cancel()
 		e := resp.GetStatus().GetError()
+		if e.GetCode() == shardv1.ErrorCode_ERROR_CODE_FINGERPRINT_MISMATCH && !reread {
+			// The worker on this address is not the one dialled: read its
+			// report again, and go on with it if it serves the same shard.
+			if err := g.recipeChanged(i); err != nil {
+				return err
+			}
+			return g.openStream(i, true)
+		}
 		return &RefusedError{Addr: h.Addr, Code: e.GetCode(), Detail: "session refused: " + e.GetDetail(), Retryable: e.GetRetryable()}
 	}
 	fc := a.FlowControl
-	g.streams[i] = &hopStream{hop: h, stream: stream, cancel: cancel, limits: fc,
+	g.streams[i] = &hopStream{hop: h, opened: opened, stream: stream, cancel: cancel, limits: fc,
 		lazyAck: fc.GetCreditsGranted() >= 2 && fc.GetMaxInflightChunks() >= 2, watchdog: time.AfterFunc(time.Hour, cancel)}
 	g.streams[i].watchdog.Stop()
 	return nil
@@ -470,13 +530,15 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 		if d, ok := g.ctx.Deadline(); ok && d.Before(deadline) {
 			deadline = d
 		}
-		h := g.streams[i].hop
+		hs := g.streams[i]
 		// Beside the input: the session's length on its first prefill chunk,
-		// the compact output's K to the last hop.
+		// the compact output's K to the last hop; each only to a hop that
+		// advertises it.
 		askK := i == len(g.streams)-1 && g.topKTensor != nil
-		if opening || askK {
+		askLen := opening && hs.hop.Features().Has(feature.SessionTokens)
+		if askLen || askK {
 			g.hopIn = append(g.hopIn[:0], tensors[0])
-			if opening {
+			if askLen {
 				g.hopIn = append(g.hopIn, g.lenTensor)
 			}
 			if askK {
@@ -499,7 +561,7 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 			req = &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Chunk{Chunk: &shardv1.ActivationChunk{
 				Envelope: &shardv1.Envelope{
 					SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1, WorkId: workID, RouteSessionId: g.id,
-					RouteEpoch: g.epoch, Fingerprint: h.Capability.Fingerprint, ShardRange: h.Capability.ShardRange,
+					RouteEpoch: g.epoch, Fingerprint: hs.opened.GetFingerprint(), ShardRange: hs.opened.GetShardRange(),
 					Phase: phase, Position: &shardv1.PositionSpan{FirstPosition: uint64(first), TokenCount: uint32(len(ids))},
 					IdempotencyStep: g.step, CacheExpectation: expect, DeadlineUnixNanos: deadline.UnixNano(), Chunk: info,
 				},
@@ -614,6 +676,9 @@ func (g *gen) callOnce(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTens
 				lastErr = err
 				if g.ctx.Err() != nil {
 					return nil, g.ctx.Err()
+				}
+				if errors.Is(err, ErrRecipeChanged) || errors.Is(err, ErrRoute) {
+					return nil, err // another worker than the route's: no retry mends that
 				}
 				continue
 			}

@@ -3,8 +3,9 @@
 //
 // A Route holds one gRPC connection per direct hop (a relayed hop opens a
 // frame connection per stream and per call: see transport.go) and checks,
-// before any work, that the hops are validated, serve the same model and
-// recipe, and tile the layers from 0 with no gap. Each Generate opens one Session stream per hop,
+// before any work, that the hops are validated, serve the same model, and
+// tile the layers from 0 with no gap; their runtime recipes may differ
+// (Route.Mixed). Each Generate opens one Session stream per hop,
 // sends the prompt as bounded prefill chunks, passes each hop's output tensor
 // to the next hop unchanged (it is already framed and checksummed), decodes
 // through the DecodeStep fast path and samples at the head. A step's output
@@ -38,6 +39,7 @@ import (
 
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/feature"
 	"github.com/meshnet/shardd/stages/decode"
 )
 
@@ -106,13 +108,68 @@ type StepSample struct {
 
 // Hop is one worker of the route.
 type Hop struct {
-	Addr       string
+	Addr string
+	// Capability is the worker's report when the route was dialled; Current
+	// is the latest (a worker restarted on the same address may run
+	// another build).
 	Capability *shardv1.CapabilityReport
+	current    atomic.Pointer[hopState]
 	// rowBytes is the size of one row of the hidden states this hop
 	// returned (0: none yet), which bounds the next hop's chunks.
 	rowBytes atomic.Int64
 	conn     *grpc.ClientConn // nil for a frame hop (relayed or direct)
 	client   shardv1.ShardRuntimeClient
+}
+
+// hopState is what a hop's latest capability report says.
+type hopState struct {
+	cap      *shardv1.CapabilityReport
+	features feature.Set // the optional behaviours it advertises
+}
+
+func newHopState(c *shardv1.CapabilityReport) *hopState {
+	return &hopState{cap: c, features: feature.Parse(c.GetDetail())}
+}
+
+// Current is the hop's latest capability report.
+func (h *Hop) Current() *shardv1.CapabilityReport { return h.current.Load().cap }
+
+// Features are the optional behaviours the hop's latest report advertises
+// (internal/feature): the head sends their tensors only to a hop that
+// understands them, so heads and workers of different releases mix.
+func (h *Hop) Features() feature.Set { return h.current.Load().features }
+
+// Recipe is the hop's runtime recipe, one line per key=value, as its latest
+// report gives it (the report's backend field).
+func (h *Hop) Recipe() string { return h.Current().GetBackend() }
+
+// capability asks the hop for its report, within the step timeout.
+func (h *Hop) capability(ctx context.Context, timeout time.Duration) (*shardv1.CapabilityReport, error) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c, err := h.client.GetCapability(cctx, &shardv1.CapabilityRequest{SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1})
+	if err != nil {
+		if ctx.Err() == nil && cctx.Err() == context.DeadlineExceeded {
+			return nil, fmt.Errorf("%w: %s did not answer within %v: %s", ErrUnreachable, h.Addr, timeout, status.Convert(err).Message())
+		}
+		return nil, fmt.Errorf("route: %s: capability: %w", h.Addr, err)
+	}
+	return c, nil
+}
+
+// Mixed reports whether the hops run more than one runtime recipe (other
+// builds, instruction sets or devices). A route of mixed recipes
+// generates, but the guarantees that compare bits across hops (a split
+// equal to the whole model run in one process, bitwise recovery onto
+// another worker) hold only where the recipes are equal: README,
+// "Building for a fleet".
+func (r *Route) Mixed() bool {
+	for _, h := range r.Hops {
+		if h.Current().GetFingerprint().GetRuntimeRecipeDigest() != r.Hops[0].Current().GetFingerprint().GetRuntimeRecipeDigest() {
+			return true
+		}
+	}
+	return false
 }
 
 // Route is a chain of workers that together hold every layer of a model.
@@ -132,7 +189,10 @@ var (
 	// CACHE_MISS, e.g. evicted for a newer session) faster than the head
 	// could rebuild it; see maxRebuilds.
 	ErrStateLost = errors.New("route: a worker kept dropping the session's state")
-	errCacheMiss = errors.New("route: cache miss")
+	// ErrRecipeChanged: with Options.ReplayRecovery, a hop came back with
+	// another runtime recipe, so the generation cannot go on bitwise.
+	ErrRecipeChanged = errors.New("route: a worker came back with another runtime recipe; bitwise recovery is impossible")
+	errCacheMiss     = errors.New("route: cache miss")
 )
 
 // maxRebuilds bounds the re-prefills in a row that one step may take after
@@ -231,16 +291,11 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 		r.Hops = append(r.Hops, h)
 		// WaitForReady waits for a hop that is restarting; a hop that
 		// does not come back within a step's time is unreachable.
-		cctx, cancel := context.WithTimeout(ctx, opts.StepTimeout)
-		h.Capability, err = h.client.GetCapability(cctx, &shardv1.CapabilityRequest{SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1})
-		cancel()
-		if err != nil {
+		if h.Capability, err = h.capability(ctx, opts.StepTimeout); err != nil {
 			r.Close()
-			if ctx.Err() == nil && cctx.Err() == context.DeadlineExceeded {
-				return nil, fmt.Errorf("%w: %s did not answer within %v: %s", ErrUnreachable, addr, opts.StepTimeout, status.Convert(err).Message())
-			}
-			return nil, fmt.Errorf("route: %s: capability: %w", addr, err)
+			return nil, err
 		}
+		h.current.Store(newHopState(h.Capability))
 	}
 	if err := r.check(); err != nil {
 		r.Close()
@@ -249,7 +304,8 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 	return r, nil
 }
 
-// check requires validated hops of one model and recipe, tiling the layers.
+// check requires validated hops of one model, tiling the layers. Their
+// recipes may differ (Mixed).
 func (r *Route) check() error {
 	if len(r.Hops) == 0 {
 		return fmt.Errorf("%w: no hops", ErrRoute)
@@ -263,8 +319,6 @@ func (r *Route) check() error {
 			return fmt.Errorf("%w: %s is not validated (%s)", ErrRoute, h.Addr, c.Detail)
 		case c.Fingerprint.GetModelArtifactDigest() != first.Fingerprint.GetModelArtifactDigest():
 			return fmt.Errorf("%w: %s serves another model", ErrRoute, h.Addr)
-		case c.Fingerprint.GetRuntimeRecipeDigest() != first.Fingerprint.GetRuntimeRecipeDigest():
-			return fmt.Errorf("%w: %s runs another recipe", ErrRoute, h.Addr)
 		case c.ShardRange.GetStartLayer() != next:
 			return fmt.Errorf("%w: %s starts at layer %d, the route is at %d", ErrRoute, h.Addr, c.ShardRange.GetStartLayer(), next)
 		}

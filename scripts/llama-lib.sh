@@ -89,11 +89,29 @@ for p in "$root"/scripts/llama-patches/*.patch; do
 	fi
 done
 
+# The build's line of the runtime recipe (engine.Recipe), compiled into the
+# library so a binary reports what its llama.cpp was made of: the module
+# version, the patches applied (names and a hash of their text), the
+# compilers and the flags, with -march resolved to the target it means
+# here. What the ISA lets ggml use is read from ggml itself at run time.
+patches=$(for p in "$root"/scripts/llama-patches/*.patch; do if [ -f "$p" ]; then basename "$p" .patch; fi; done | paste -sd, -)
+phash=$(cat "$root"/scripts/llama-patches/*.patch 2>/dev/null | sha256sum | cut -c1-16)
+target=$({ "$cc" $cflags -Q --help=target 2>/dev/null || true; } | awk '$1=="-march=" {m=$2} $1=="-mtune=" {t=$2} END {printf "march=%s mtune=%s", m, t}')
+opt=$(printf '%s\n' $cflags | { grep -v -e '^-march=' -e '^-mtune=' || true; } | paste -sd' ' -)
+optxx=$(printf '%s\n' $cxxflags | { grep -v -e '^-march=' -e '^-mtune=' || true; } | paste -sd' ' -)
+defs=$(printf '%s\n' $cppflags | { grep '^-D' || true; } | paste -sd' ' -)
+build="llama.cpp $mod_ver patches=${patches:-none}:$phash, cc=$("$cc" --version | head -1), cxx=$("$cxx" --version | head -1), cflags=$opt $target, cxxflags=$optxx${defs:+, $defs}"
+build=${build//\\/}
+build=${build//\"/}
+mkdir -p "$src"
+printf 'const char *shardd_llama_build(void) { return "%s"; }\n' "$build" >"$src/shardd_build.c"
+
 # One make rule per object, so `make -j` uses every core (cmd/go compiles a
 # package's C files one after another).
 mk=$work/Makefile
-objs=()
-n=0
+objs=(); n=1
+objs+=("$work/o1-shardd_build.o")
+printf '%s: %s\n\t%s -c %s -o %s\n' "$work/o1-shardd_build.o" "$src/shardd_build.c" "$cc $gccflags $cflags" "$src/shardd_build.c" "$work/o1-shardd_build.o" >>"$mk"
 while IFS='|' read -r dir cfiles cxxfiles pcpp pcf pcxx; do
 	for f in $cfiles $cxxfiles; do
 		n=$((n + 1))

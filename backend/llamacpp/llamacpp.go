@@ -184,6 +184,7 @@ func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
 		Threads:   cfg.Threads,
 		Name:      name,
 		Device:    device,
+		Kernels:   Kernels(),
 	}
 	if b.info.Layers != meta.BlockCount {
 		b.Close()

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"slices"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/meshnet/shardd/backend/llamacpp"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/recipe"
 	"github.com/meshnet/shardd/route"
 	"github.com/meshnet/shardd/verify"
 )
@@ -112,6 +114,7 @@ func runGenerate(args []string) error {
 	}
 	defer r.Close()
 	fmt.Printf("route: %d hops, prompt of %d tokens\n", len(r.Hops), len(ids))
+	printRecipes(os.Stdout, r)
 	req := route.Request{Prompt: ids, MaxTokens: *f.maxTokens,
 		Sampling: route.Sampling{Temperature: *f.temperature, TopK: *f.topK, TopP: *f.topP, Seed: *f.seed}}
 	if tok != nil {
@@ -126,6 +129,33 @@ func runGenerate(args []string) error {
 		return verifyTokens(*f.verifyModel, r, st, ids, got)
 	}
 	return nil
+}
+
+// printRecipes prints each hop's runtime recipe (its digest and the lines
+// that name its kernels) and, for a route of mixed recipes, how they
+// differ: such a route generates, but bits are comparable across hops only
+// where recipes are equal.
+func printRecipes(w io.Writer, r *route.Route) {
+	first := r.Hops[0].Recipe()
+	for i, h := range r.Hops {
+		digest := strings.TrimPrefix(h.Current().GetFingerprint().GetRuntimeRecipeDigest(), "sha256:")
+		fmt.Fprintf(w, "hop %d %s: recipe %.16s", i, h.Addr, digest)
+		for _, l := range strings.Split(h.Recipe(), recipe.Sep) {
+			if strings.HasPrefix(l, "isa=") || strings.HasPrefix(l, "backend=") {
+				fmt.Fprintf(w, ", %s", l)
+			}
+		}
+		fmt.Fprintln(w)
+		if i > 0 {
+			for _, d := range recipe.Diff(first, h.Recipe()) {
+				fmt.Fprintf(w, "  differs from hop 0: %s\n", d)
+			}
+		}
+	}
+	if r.Mixed() {
+		fmt.Fprintln(w, "route: the hops run different recipes; each computes its own layers exactly as its build does, "+
+			"and bitwise comparisons across builds (--verify-model, --replay-recovery onto another build) do not hold")
+	}
 }
 
 // dial connects the route with the flags' TLS and options.
@@ -178,11 +208,33 @@ func verifyTokens(model string, r *route.Route, st route.Stats, ids, got []int32
 	if len(round) > 0 {
 		ref = fmt.Sprintf("the unsplit model rounded to bf16 after layers %v, as the route rounds", round)
 	}
+	var other []string // hops whose kernels are not this process's
+	for _, h := range r.Hops {
+		for _, d := range recipe.Diff(strings.Join(llamacpp.Kernels(), recipe.Sep), kernelLines(h.Recipe())) {
+			other = append(other, h.Addr+" "+d)
+		}
+	}
 	if !slices.Equal(got, want) {
+		if len(other) > 0 {
+			return fmt.Errorf("MISMATCH: the route generated %v; the reference (%s, in this process) %v; "+
+				"bitwise equality is promised only between equal recipes, and these differ: %s", got, ref, want, strings.Join(other, "; "))
+		}
 		return fmt.Errorf("MISMATCH: the route generated %v; the reference (%s) %v", got, ref, want)
 	}
 	fmt.Printf("tokens: %v\nmatch: the route's tokens equal those of %s\n", got, ref)
 	return nil
+}
+
+// kernelLines keeps the lines of a recipe (recipe.Sep apart) that name
+// kernels: the build and the instruction set.
+func kernelLines(r string) string {
+	var out []string
+	for _, l := range strings.Split(r, recipe.Sep) {
+		if strings.HasPrefix(l, "build=") || strings.HasPrefix(l, "isa=") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, recipe.Sep)
 }
 
 // chatSpec says whether and how a prompt is rendered as a chat.
@@ -290,6 +342,9 @@ func printStats(st route.Stats) {
 	}
 	decodeTokens := max(st.Tokens-1, 0)
 	fmt.Printf("session %s: %d prompt tokens, %d generated\n", st.SessionID, st.PromptTokens, st.Tokens)
+	for _, c := range st.RecipeChanges {
+		fmt.Printf("recovered onto another recipe (the generation's bits after it are that build's): %s\n", c)
+	}
 	fmt.Printf("time to first token %s; decode %s", st.Prefill.Round(time.Millisecond), st.Decode.Round(time.Millisecond))
 	if decodeTokens > 0 && st.Decode > 0 {
 		fmt.Printf(" (%.1f tokens/s)", float64(decodeTokens)/st.Decode.Seconds())

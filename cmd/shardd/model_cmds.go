@@ -9,7 +9,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/backend/llamacpp"
+	"github.com/meshnet/shardd/engine"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/load"
 	"github.com/meshnet/shardd/verify"
@@ -225,6 +228,14 @@ func runInspect(args []string) error {
 	}
 	fmt.Printf("tensors:       %d\n", m.Tensors)
 	fmt.Printf("model digest:  sha256:%s\n", m.SourceDigest)
+	// The recipe this binary serves the file with on the CPU, at the
+	// default bf16 boundary (GetCapability's backend field carries the
+	// same lines from a running worker).
+	r := engine.RecipeFor(backend.Info{Name: llamacpp.Version + " cpu", Kernels: llamacpp.Kernels()}, m, shardv1.DType_DTYPE_BFLOAT16, false)
+	fmt.Printf("recipe digest: sha256:%s (this build, CPU, bf16 boundary)\n", r.Digest())
+	for _, l := range r.Lines() {
+		fmt.Printf("  %s\n", l)
+	}
 	c, err := gguf.ReadCost(fs.Arg(0))
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,6 +30,7 @@ import (
 	"github.com/meshnet/shardd/frames"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/internal/feature"
 	"github.com/meshnet/shardd/relay"
 )
 
@@ -119,6 +121,7 @@ func parseServe(args []string) (*serveConfig, error) {
 	fs.DurationVar(&e.EvictGrace, "evict-grace", 2*time.Second, "a session used within this long is not evicted to make room for another; the newcomer is refused RESOURCE_EXHAUSTED (retryable) instead (negative: evict any idle session)")
 	fs.Int64Var(&e.ResultsCacheBytes, "results-cache-bytes", 64<<20, "bytes of finished results kept to answer duplicate steps (idempotency); the oldest go first")
 	fs.Int64Var(&e.PrefixCacheBytes, "prefix-cache-bytes", 256<<20, "bytes of prompt prefixes kept per shard (their KV cells and output rows), found again by content so a repeated system prompt or conversation history is not computed again; least recently used first out; 0: no prefix cache (README: sizing)")
+	withhold := fs.String("withhold-features", "", "optional behaviours ("+strings.Join(feature.All, ", ")+") this worker neither advertises nor accepts, comma-separated: it then behaves as a worker of a release without them (README: Upgrading a fleet)")
 	fs.IntVar(&e.PrefixBlock, "prefix-block", 32, "positions per prefix cache block: a prompt's prefix is found again in whole blocks")
 	boundary := fs.String("boundary", "bf16", "dtype of hidden states sent to the next shard: bf16 (the contract's canonical; bitwise the whole model rounded where the route rounds, see verify) or f32 (bitwise the unrounded whole model); bitwise for a session alone, or under any load with --deterministic")
 	fs.BoolVar(&e.RequireChecksum, "require-checksum", true, "refuse tensors without a CRC32C")
@@ -136,6 +139,12 @@ func parseServe(args []string) (*serveConfig, error) {
 	}
 	if err := required(fs, "model"); err != nil {
 		return nil, err
+	}
+	for _, f := range strings.FieldsFunc(*withhold, func(r rune) bool { return r == ',' || r == ' ' }) {
+		if !slices.Contains(feature.All, f) {
+			return nil, fmt.Errorf("--withhold-features: %q is none of %s", f, strings.Join(feature.All, ", "))
+		}
+		c.engine.Withhold = append(c.engine.Withhold, f)
 	}
 	if err := c.validate(*boundary, *pin, *relayAt, *logLevel); err != nil {
 		return nil, err
