@@ -158,27 +158,38 @@ func (e *Engine) parseBundle(w *work, b *shardv1.TensorBundle, zstdOK bool) erro
 			if err := e.parsePositions(w, nt, zstdOK); err != nil {
 				return err
 			}
-		case nameLogitsTopK, nameSessionTokens:
-			if !e.features.Has(nt.Name) {
-				return wireerr.Errorf(ErrUnknownTensor, "%.64q", nt.Name) // as a worker of a release without it
-			}
-			if nt.Name == nameSessionTokens {
-				v, err := e.parseScalar(nt, zstdOK, 1, 1<<30)
-				if err != nil {
-					return err
-				}
-				w.length = v
-				break
+		case nameLogitsTopK:
+			if err := e.optional(nt.Name); err != nil {
+				return err
 			}
 			if err := e.parseTopK(w, nt, zstdOK); err != nil {
 				return err
 			}
+		case nameSessionTokens:
+			if err := e.optional(nt.Name); err != nil {
+				return err
+			}
+			v, err := e.parseScalar(nt, zstdOK, 1, 1<<30)
+			if err != nil {
+				return err
+			}
+			w.length = v
 		default:
 			return wireerr.Errorf(ErrUnknownTensor, "%.64q", nt.Name)
 		}
 	}
 	if !haveInput {
 		return wireerr.Errorf(ErrMissingTensor, "%s", e.inputName())
+	}
+	return nil
+}
+
+// optional refuses the tensor of an optional behaviour this worker
+// withholds (Config.Withhold) as a worker of a release without it would:
+// as an unknown tensor.
+func (e *Engine) optional(name string) error {
+	if !e.features.Has(name) {
+		return wireerr.Errorf(ErrUnknownTensor, "%.64q", name)
 	}
 	return nil
 }

@@ -337,7 +337,7 @@ func (g *gen) recipeChanged(i int) error {
 	case !c.GetValidated():
 		return fmt.Errorf("%w: %s is not validated (%s)", ErrRoute, h.Addr, c.GetDetail())
 	}
-	h.current.CompareAndSwap(h.current.Load(), newHopState(c))
+	h.current.Store(newHopState(c))
 	if c.GetFingerprint().GetRuntimeRecipeDigest() == old.GetFingerprint().GetRuntimeRecipeDigest() {
 		return nil
 	}
@@ -534,6 +534,11 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 		// Beside the input: the session's length on its first prefill chunk,
 		// the compact output's K to the last hop; each only to a hop that
 		// advertises it.
+		if i == len(g.streams)-1 && g.topKTensor != nil && !hs.hop.Features().Has(feature.LogitsTopK) {
+			// The last hop came back as a worker without compact output
+			// (recipeChanged): whole rows from here on.
+			g.topK, g.topKTensor, g.stats.Compact = 0, nil, 0
+		}
 		askK := i == len(g.streams)-1 && g.topKTensor != nil
 		askLen := opening && hs.hop.Features().Has(feature.SessionTokens)
 		if askLen || askK {
