@@ -97,7 +97,7 @@ func stateInOrder(state []byte) (int, bool) {
 				pos[i] = int32(r.u32())
 				r.skip(4 * int(r.u32())) // sequence ids
 			}
-			r.skipLayers(cells)
+			r.cutLayers(nil, make([]bool, cells), false) // skips the K and V rows
 			if r.bad {
 				return 0, false
 			}
@@ -170,25 +170,6 @@ func (r *stateReader) skip(n int) {
 	r.b = r.b[n:]
 }
 
-// skipLayers passes over the K and V rows of cells cells in every layer
-// (llama_kv_cache::state_write_data).
-func (r *stateReader) skipLayers(cells int) {
-	vTrans, layers := r.u32(), int(r.u32())
-	for range layers { // K: type, row size, rows
-		r.u32()
-		r.skip(int(r.u64()) * cells)
-	}
-	for range layers {
-		r.u32() // type
-		if vTrans == 0 {
-			r.skip(int(r.u64()) * cells)
-			continue
-		}
-		el, width := int(r.u32()), int(r.u32())
-		r.skip(el * width * cells)
-	}
-}
-
 // SeqCut appends to dst a state that holds only the cells of positions
 // [0, n) of state, a state from SeqSave (backend.SeqStater): an entry of a
 // prompt's first blocks carries neither the cells after them nor, when
@@ -257,8 +238,9 @@ func (r *stateReader) take(n int) []byte {
 	return v
 }
 
-// cutLayers copies the K and V rows of the kept cells (write: some are
-// kept, else a stream without cells has no layer data at all).
+// cutLayers copies the K and V rows of the kept cells
+// (llama_kv_cache::state_write_data), or with write false passes over
+// them (a stream with no cell kept has no layer data at all).
 func (r *stateReader) cutLayers(dst []byte, keep []bool, write bool) ([]byte, bool) {
 	u32 := func(v uint32) {
 		if write {
