@@ -105,6 +105,8 @@ type Meta struct {
 	// Tokenizer is tokenizer.ggml.model: "none" when the file carries no
 	// vocabulary (generated models, middle shards).
 	Tokenizer string
+	// Name is general.name ("" when the file has none).
+	Name string
 
 	// The range this file holds within its source model, [Start, End) of
 	// Total layers. A file without shardd metadata is a whole model:
@@ -147,6 +149,7 @@ func Read(path string) (Meta, error) {
 		FileType:     weightTypes(g.Tensors().Items()),
 		Tensors:      len(g.Tensors().Items()),
 		Tokenizer:    kv.String("tokenizer.ggml.model"),
+		Name:         kv.String("general.name"),
 	}
 	if ff := kv.FFNLength(); len(ff) > 0 {
 		m.FFNLen = int(ff[0])

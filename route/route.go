@@ -28,6 +28,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -323,6 +324,21 @@ func (r *Route) check() error {
 			return fmt.Errorf("%w: %s starts at layer %d, the route is at %d", ErrRoute, h.Addr, c.ShardRange.GetStartLayer(), next)
 		}
 		next = c.ShardRange.GetEndLayer()
+	}
+	return nil
+}
+
+// Health asks every hop for its state: nil when each answers SERVING,
+// else an error naming the first hop that does not (or cannot be asked).
+func (r *Route) Health(ctx context.Context) error {
+	for i, h := range r.Hops {
+		resp, err := h.client.Health(ctx, &shardv1.HealthRequest{SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1})
+		if err != nil {
+			return fmt.Errorf("hop %d does not answer Health", i)
+		}
+		if st := resp.GetState(); st != shardv1.ServingState_SERVING_STATE_SERVING {
+			return fmt.Errorf("hop %d is %s", i, strings.TrimPrefix(st.String(), "SERVING_STATE_"))
+		}
 	}
 	return nil
 }

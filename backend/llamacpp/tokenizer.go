@@ -135,6 +135,9 @@ func (t *Tokenizer) Chat(msgs []Message, template string) (string, error) {
 	return "", ErrNoChatTemplate
 }
 
+// VocabSize is the number of tokens in the vocabulary.
+func (t *Tokenizer) VocabSize() int { return int(C.llama_vocab_n_tokens(t.vocab)) }
+
 // HasChatTemplate reports whether the file carries a chat template
 // (tokenizer.chat_template); base models usually do not.
 func (t *Tokenizer) HasChatTemplate() bool { return C.llama_model_chat_template(t.m, nil) != nil }

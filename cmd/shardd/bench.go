@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshnet/shardd/backend/llamacpp"
+	"github.com/meshnet/shardd/internal/chat"
 	"github.com/meshnet/shardd/load"
 	"github.com/meshnet/shardd/route"
 )
@@ -561,7 +562,7 @@ func tokenizePromptFile(path, tokPath string) ([][]int32, error) {
 			for j, m := range p.Messages {
 				msgs[j] = llamacpp.Message{Role: m.Role, Content: m.Content}
 			}
-			if text, _, err = renderMessages(tok, msgs, ""); err != nil {
+			if text, _, err = chat.Render(tok, msgs, ""); err != nil {
 				return nil, err
 			}
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshnet/shardd/backend/llamacpp"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/chat"
 	"github.com/meshnet/shardd/internal/recipe"
 	"github.com/meshnet/shardd/route"
 	"github.com/meshnet/shardd/verify"
@@ -118,7 +119,7 @@ func runGenerate(args []string) error {
 	req := route.Request{Prompt: ids, MaxTokens: *f.maxTokens,
 		Sampling: route.Sampling{Temperature: *f.temperature, TopK: *f.topK, TopP: *f.topP, Seed: *f.seed}}
 	if tok != nil {
-		req.Stop = stopper(tok, plain)
+		req.Stop = chat.Stopper(tok, plain)
 	}
 	got, st, err := streamTokens(ctx, r, req, tok)
 	if err != nil {
@@ -246,12 +247,12 @@ type chatSpec struct {
 // promptIDs is the prompt as token ids: given as ids, or text tokenized
 // with tok (after the chat template when chat.on). plain reports a chat
 // rendered as a plain Q:/A: transcript, for a model with no template.
-func promptIDs(ids, text string, chat chatSpec, tok *llamacpp.Tokenizer) (out []int32, plain bool, err error) {
+func promptIDs(ids, text string, spec chatSpec, tok *llamacpp.Tokenizer) (out []int32, plain bool, err error) {
 	switch {
 	case ids != "" && text != "":
 		return nil, false, fmt.Errorf("give --prompt-tokens or --prompt, not both")
 	case ids != "":
-		if chat.on {
+		if spec.on {
 			return nil, false, fmt.Errorf("--chat needs --prompt text")
 		}
 		for _, s := range splitList(ids) {
@@ -266,11 +267,11 @@ func promptIDs(ids, text string, chat chatSpec, tok *llamacpp.Tokenizer) (out []
 		return nil, false, fmt.Errorf("give --prompt-tokens, or --prompt with --tokenizer (or --verify-model)")
 	case tok == nil:
 		return nil, false, fmt.Errorf("--prompt needs the model's tokenizer: give --tokenizer FILE.gguf (the whole model or the route's first shard) or --verify-model")
-	case !chat.on && (chat.system != "" || chat.template != ""):
+	case !spec.on && (spec.system != "" || spec.template != ""):
 		return nil, false, fmt.Errorf("--system and --chat-template need --chat")
 	}
-	if chat.on {
-		if text, plain, err = renderChat(tok, chat, text); err != nil {
+	if spec.on {
+		if text, plain, err = renderChat(tok, spec, text); err != nil {
 			return nil, false, err
 		}
 	}
@@ -280,57 +281,12 @@ func promptIDs(ids, text string, chat chatSpec, tok *llamacpp.Tokenizer) (out []
 
 // renderChat renders one user message (after an optional system message)
 // with the chat template, or as a plain transcript when the model has none.
-func renderChat(tok *llamacpp.Tokenizer, chat chatSpec, user string) (string, bool, error) {
+func renderChat(tok *llamacpp.Tokenizer, spec chatSpec, user string) (string, bool, error) {
 	var msgs []llamacpp.Message
-	if chat.system != "" {
-		msgs = append(msgs, llamacpp.Message{Role: "system", Content: chat.system})
+	if spec.system != "" {
+		msgs = append(msgs, llamacpp.Message{Role: "system", Content: spec.system})
 	}
-	return renderMessages(tok, append(msgs, llamacpp.Message{Role: "user", Content: user}), chat.template)
-}
-
-// renderMessages renders a chat with template (empty: the model's own)
-// and opens the assistant's turn. A model with no template of its own
-// and none named gets a plain transcript (plain is true): the system
-// message, then "Q: "/"A: " turns, ending in "A:".
-func renderMessages(tok *llamacpp.Tokenizer, msgs []llamacpp.Message, template string) (text string, plain bool, err error) {
-	if template != "" || tok.HasChatTemplate() {
-		text, err = tok.Chat(msgs, template)
-		return text, false, err
-	}
-	var b strings.Builder
-	for _, m := range msgs {
-		switch m.Role {
-		case "system":
-			b.WriteString(m.Content + "\n\n")
-		case "user":
-			b.WriteString("Q: " + m.Content + "\n")
-		default:
-			b.WriteString("A: " + m.Content + "\n")
-		}
-	}
-	b.WriteString("A:")
-	return b.String(), true, nil
-}
-
-// stopper ends a generation at the model's end-of-generation tokens and,
-// for a plain transcript, at the end of the answer's first line (a base
-// model goes on to ask itself the next question).
-func stopper(tok *llamacpp.Tokenizer, plain bool) func(int32) bool {
-	answered := false
-	return func(t int32) bool {
-		if tok.EndOfGeneration(t) {
-			return true
-		}
-		if !plain {
-			return false
-		}
-		piece := tok.Piece(t)
-		if answered && strings.Contains(piece, "\n") {
-			return true
-		}
-		answered = answered || strings.TrimSpace(piece) != ""
-		return false
-	}
+	return chat.Render(tok, append(msgs, llamacpp.Message{Role: "user", Content: user}), spec.template)
 }
 
 func printStats(st route.Stats) {

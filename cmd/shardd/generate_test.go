@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/meshnet/shardd/backend/llamacpp"
+	"github.com/meshnet/shardd/internal/chat"
 	"github.com/meshnet/shardd/verify"
 )
 
@@ -44,7 +45,7 @@ func TestGeneratePrompt(t *testing.T) {
 	if !slices.Equal(ids, want) {
 		t.Errorf("gemma3 plain chat ids %v, want %v", ids, want)
 	}
-	stop := stopper(gemma, true)
+	stop := chat.Stopper(gemma, true)
 	answer, _ := gemma.Encode(" Four.\nQ: next")
 	stoppedAt := -1
 	for i, id := range answer[1:] { // [0] is BOS

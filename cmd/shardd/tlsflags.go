@@ -29,12 +29,16 @@ func addServerTLS(fs *flag.FlagSet) *tlsFlags {
 	}
 }
 
-func addClientTLS(fs *flag.FlagSet) *tlsFlags {
+func addClientTLS(fs *flag.FlagSet) *tlsFlags { return addClientTLSNamed(fs, "") }
+
+// addClientTLSNamed adds the client TLS flags with a prefix on their
+// names ("worker-" for a command that also serves TLS itself).
+func addClientTLSNamed(fs *flag.FlagSet, prefix string) *tlsFlags {
 	return &tlsFlags{
-		ca:        fs.String("tls-ca", "", "PEM CA bundle the workers' certificates must chain to: connect with TLS 1.3"),
-		cert:      fs.String("tls-cert", "", "PEM client certificate chain, for workers that require one (mutual TLS)"),
-		key:       fs.String("tls-key", "", "PEM private key of --tls-cert"),
-		plaintext: fs.Bool("plaintext", false, "connect without TLS to non-loopback addresses (without it, plaintext goes to loopback only)"),
+		ca:        fs.String(prefix+"tls-ca", "", "PEM CA bundle the workers' certificates must chain to: connect with TLS 1.3"),
+		cert:      fs.String(prefix+"tls-cert", "", "PEM client certificate chain, for workers that require one (mutual TLS)"),
+		key:       fs.String(prefix+"tls-key", "", "PEM private key of --"+prefix+"tls-cert"),
+		plaintext: fs.Bool(prefix+"plaintext", false, "connect without TLS to non-loopback workers (without it, plaintext goes to loopback only)"),
 	}
 }
 

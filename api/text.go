@@ -1,0 +1,118 @@
+package api
+
+import (
+	"strings"
+	"unicode/utf8"
+)
+
+// textOut turns a generation's token pieces into the text a client is
+// sent. It holds back two kinds of bytes: the tail of a character a later
+// token completes (a piece is raw bytes, and an emoji or a CJK character
+// often spans tokens), and a tail that may be the start of a stop string.
+// What it releases is valid UTF-8, and none of a stop string is ever
+// released. Streamed and whole answers go through the same textOut, so
+// they are the same text.
+type textOut struct {
+	stops []string
+	// pending are the bytes received and not yet released.
+	pending []byte
+	stopped bool
+}
+
+// add takes the next piece and returns the text that may be sent now;
+// stopped reports that a stop string was found (add must not be called
+// again; the text before the stop string is in the returned text).
+func (t *textOut) add(piece string) (send string, stopped bool) {
+	t.pending = append(t.pending, piece...)
+	if i := t.firstStop(); i >= 0 {
+		t.stopped = true
+		send = strings.ToValidUTF8(string(t.pending[:i]), "\uFFFD")
+		t.pending = t.pending[:0]
+		return send, true
+	}
+	cut := len(t.pending) - max(incompleteTail(t.pending), t.stopPrefix())
+	send = strings.ToValidUTF8(string(t.pending[:cut]), "\uFFFD")
+	t.pending = append(t.pending[:0], t.pending[cut:]...)
+	return send, false
+}
+
+// flush returns what is still held when the generation ends without a
+// stop string: a possible stop prefix is text after all, and a character
+// never completed is replaced by U+FFFD.
+func (t *textOut) flush() string {
+	s := strings.ToValidUTF8(string(t.pending), "\uFFFD")
+	t.pending = t.pending[:0]
+	return s
+}
+
+// firstStop is the index in pending of the earliest stop string, or -1.
+func (t *textOut) firstStop() int {
+	first := -1
+	for _, s := range t.stops {
+		if i := strings.Index(string(t.pending), s); i >= 0 && (first < 0 || i < first) {
+			first = i
+		}
+	}
+	return first
+}
+
+// stopPrefix is the length of the longest tail of pending that is a
+// proper prefix of a stop string.
+func (t *textOut) stopPrefix() int {
+	longest := 0
+	for _, s := range t.stops {
+		for n := min(len(s)-1, len(t.pending)); n > longest; n-- {
+			if string(t.pending[len(t.pending)-n:]) == s[:n] {
+				longest = n
+				break
+			}
+		}
+	}
+	return longest
+}
+
+// incompleteTail is the length of the tail of b that begins a multi-byte
+// UTF-8 character and lacks its last bytes (0 when b ends on a whole
+// character, or on bytes no later byte can make valid).
+func incompleteTail(b []byte) int {
+	for n := 1; n <= min(utf8.UTFMax-1, len(b)); n++ {
+		c := b[len(b)-n]
+		if c < utf8.RuneSelf {
+			return 0 // ASCII: nothing after it is a started character
+		}
+		if utf8.RuneStart(c) {
+			need := 0
+			switch {
+			case c&0xE0 == 0xC0:
+				need = 2
+			case c&0xF0 == 0xE0:
+				need = 3
+			case c&0xF8 == 0xF0:
+				need = 4
+			}
+			if need > n && !utf8.FullRune(b[len(b)-n:]) && validPrefix(b[len(b)-n:]) {
+				return n
+			}
+			return 0
+		}
+	}
+	return 0
+}
+
+// validPrefix reports whether b (a lead byte and continuation bytes,
+// fewer than the character needs) can still become a valid character:
+// completing it with the smallest continuation bytes decodes.
+func validPrefix(b []byte) bool {
+	full := append([]byte(nil), b...)
+	for !utf8.FullRune(full) {
+		full = append(full, 0x80)
+	}
+	if r, _ := utf8.DecodeRune(full); r != utf8.RuneError {
+		return true
+	}
+	// The smallest continuation may be below the lead byte's range (E0,
+	// F0 need A0/90 and up): try the largest too.
+	full = append(full[:len(b)], 0xBF, 0xBF, 0xBF)[:len(full)]
+	r, _ := utf8.DecodeRune(full)
+	return r != utf8.RuneError
+}
