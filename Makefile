@@ -29,7 +29,7 @@ BENCHCOUNT ?= 6
 
 APT_PKGS := protobuf-compiler chromium unzip
 
-.PHONY: all deps tools llama build-cuda env generate check-generate build test vet unit fuzz fuzz-long soak soak-short bench demo demo-real models clean
+.PHONY: all deps tools llama build-cuda env generate check-generate build test vet unit fuzz fuzz-long soak soak-short bench demo demo-real models pyenv upstream clean
 
 all: build
 
@@ -39,6 +39,7 @@ all: build
 deps:
 	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	command -v pip3 >/dev/null 2>&1 || python3 -m pip --version >/dev/null 2>&1 || missing="$$missing python3-pip"; \
+	python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  echo "deps: installing$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -128,7 +129,7 @@ vet: deps
 ## A failing race pass ends by printing its race reports again: CI keeps
 ## only the output's tail, where the package list would push them out.
 NUMERIC_PKGS := ./verify ./route
-unit: deps llama models
+unit: deps llama models pyenv
 	@log=$$(mktemp); set -o pipefail; \
 	  if ! $(GO) test -race -tags invariants -timeout 30m ./... 2>&1 | tee $$log; then \
 	    if grep -q 'WARNING: DATA RACE' $$log; then \
@@ -216,6 +217,25 @@ DEMO_MODEL ?= smollm2
 DEMO_SHARDS ?= 2
 demo-real: build models
 	@scripts/demo-real.sh $(BIN)/shardd $(CURDIR)/out/demo-real/$(DEMO_MODEL) $(DEMO_MODEL) $(DEMO_SHARDS) $(if $(PROMPT),"$(PROMPT)")
+
+## pyenv: a Python virtual environment with the official openai package
+## (api/testdata/requirements.txt, pinned) in SHARDD_PYENV (default
+## ~/.cache/shardd/pyenv, outside git); `unit` drives `shardd api` with it
+## (TestOpenAIClient). A venv whose pins are installed is kept.
+export SHARDD_PYENV ?= $(HOME)/.cache/shardd/pyenv
+export SHARDD_PYTHON := $(SHARDD_PYENV)/bin/python
+pyenv: deps
+	@if ! cmp -s api/testdata/requirements.txt "$(SHARDD_PYENV)/requirements.txt"; then \
+	  rm -rf "$(SHARDD_PYENV)" && python3 -m venv "$(SHARDD_PYENV)" && \
+	  "$(SHARDD_PYENV)/bin/pip" install --quiet --disable-pip-version-check -r api/testdata/requirements.txt && \
+	  cp api/testdata/requirements.txt "$(SHARDD_PYENV)/requirements.txt"; fi
+
+## upstream: upstream llama.cpp's llama-server and ggml-rpc-server, built
+## once from the tree the llama-cpp-python 0.3.36 sdist vendors (PyPI) into
+## ~/.cache/shardd/upstream, for side-by-side figures (PERF.md); not part
+## of `make test`.
+upstream: deps
+	@scripts/upstream-llama.sh
 
 ## test: what CI runs.
 test: check-generate vet unit soak-short fuzz

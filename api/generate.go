@@ -88,7 +88,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool) {
 
 	a := &answer{s: s, w: w, isChat: isChat, stream: req.stream, usage: req.usage, arrival: arrival,
 		id: newID(map[bool]string{false: "cmpl-", true: "chatcmpl-"}[isChat]), created: arrival.Unix(),
-		text: textOut{stops: req.stops}, promptTokens: len(ids)}
+		text: textOut{stops: req.stops}, promptTokens: len(ids), keepIDs: req.tokenIDs}
 	rq := s.routeRequest(req, ids, plain, &a.ended)
 	st, err := s.gen.Generate(ctx, rq, a.emit)
 	switch {

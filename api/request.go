@@ -32,6 +32,9 @@ type genRequest struct {
 	minTokens   int
 	stream      bool
 	usage       bool // stream_options.include_usage
+	// tokenIDs: return the generated token ids (vLLM's return_token_ids
+	// extension), in the choice or, streamed, in the finishing chunk.
+	tokenIDs bool
 }
 
 // fieldError is a request the API refuses: a 400 that names the field.
@@ -181,6 +184,8 @@ func (r *genRequest) field(k string, v json.RawMessage) *fieldError {
 		}
 	case "stream":
 		return decode(k, v, &r.stream)
+	case "return_token_ids":
+		return decode(k, v, &r.tokenIDs)
 	case "stream_options":
 		var so map[string]json.RawMessage
 		if err := decode(k, v, &so); err != nil {

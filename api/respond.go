@@ -21,6 +21,9 @@ type answer struct {
 	whole          strings.Builder // the text, when not streaming
 	promptTokens   int
 	tokens         int
+	// ids are the generated tokens, kept when the request asked for them.
+	ids     []int32
+	keepIDs bool
 	// started: the stream's headers (and, for chat, the role chunk) are
 	// sent; from then on a failure can only be told in the stream.
 	started bool
@@ -38,6 +41,9 @@ func (a *answer) emit(tok int32) error {
 	}
 	a.last = now
 	a.tokens++
+	if a.keepIDs {
+		a.ids = append(a.ids, tok)
+	}
 	if a.s.vocab.EndOfGeneration(tok) {
 		return nil // control tokens have no text (ignore_eos, min_tokens)
 	}
@@ -87,6 +93,9 @@ func (a *answer) finish(stopped bool) {
 		return
 	}
 	choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": reason}
+	if a.keepIDs {
+		choice["token_ids"] = a.ids
+	}
 	if a.isChat {
 		choice["message"] = map[string]any{"role": "assistant", "content": a.whole.String()}
 	} else {
@@ -118,6 +127,9 @@ func (a *answer) chunk(text string, reason *string) error {
 	choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": nil}
 	if reason != nil {
 		choice["finish_reason"] = *reason
+		if a.keepIDs {
+			choice["token_ids"] = a.ids
+		}
 	}
 	switch {
 	case a.isChat && reason != nil:

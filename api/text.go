@@ -37,10 +37,12 @@ func (t *textOut) add(piece string) (send string, stopped bool) {
 }
 
 // flush returns what is still held when the generation ends without a
-// stop string: a possible stop prefix is text after all, and a character
-// never completed is replaced by U+FFFD.
+// stop string: a possible stop prefix is text after all; a character the
+// generation ended inside of (max_tokens reached mid-character) is left
+// out, so the answer stays a prefix of the text a longer one would have.
 func (t *textOut) flush() string {
-	s := strings.ToValidUTF8(string(t.pending), "\uFFFD")
+	whole := t.pending[:len(t.pending)-incompleteTail(t.pending)]
+	s := strings.ToValidUTF8(string(whole), "\uFFFD")
 	t.pending = t.pending[:0]
 	return s
 }

@@ -9,7 +9,7 @@
 # like the project's own library, CPU only, RPC on). A build whose binaries
 # are there is skipped, so a rerun does nothing. Nothing lands in git.
 #
-# Prints the bin directory (llama-server, rpc-server). Exits non-zero with
+# Prints the bin directory (llama-server, ggml-rpc-server). Exits non-zero with
 # the error when the sdist cannot be fetched or the build fails.
 set -euo pipefail
 
@@ -17,7 +17,7 @@ version=0.3.36
 dir=${1:-${SHARDD_UPSTREAM:-$HOME/.cache/shardd/upstream}}
 out="$dir/llama-cpp-python-$version"
 bin="$out/build/bin"
-if [ -x "$bin/llama-server" ] && [ -x "$bin/rpc-server" ]; then
+if [ -x "$bin/llama-server" ] && [ -x "$bin/ggml-rpc-server" ]; then
   echo "$bin"; exit 0
 fi
 mkdir -p "$dir/sdist"
@@ -27,15 +27,19 @@ if ! ls "$dir/sdist"/llama_cpp_python-$version.tar.gz >/dev/null 2>&1; then
     -d "$dir/sdist" "llama-cpp-python==$version" >&2 || {
     echo "upstream: could not download the llama-cpp-python==$version sdist with pip; see the error above" >&2; exit 1; }
 fi
-rm -rf "$out.tmp"
-mkdir -p "$out.tmp"
-tar -xzf "$dir/sdist/llama_cpp_python-$version.tar.gz" -C "$out.tmp" --strip-components=1
+# An earlier build stopped part way is resumed (CMake rebuilds only what
+# is missing).
+if [ ! -f "$out.tmp/vendor/llama.cpp/CMakeLists.txt" ]; then
+  rm -rf "$out.tmp"
+  mkdir -p "$out.tmp"
+  tar -xzf "$dir/sdist/llama_cpp_python-$version.tar.gz" -C "$out.tmp" --strip-components=1
+fi
 src="$out.tmp/vendor/llama.cpp"
 [ -f "$src/CMakeLists.txt" ] || { echo "upstream: the sdist has no vendor/llama.cpp" >&2; exit 1; }
 jobs=$(nproc)
 cmake -S "$src" -B "$out.tmp/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_RPC=ON \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >&2
-cmake --build "$out.tmp/build" -j "$jobs" --target llama-server rpc-server >&2
+cmake --build "$out.tmp/build" -j "$jobs" --target llama-server ggml-rpc-server >&2
 rm -rf "$out"
 mv "$out.tmp" "$out"
 # CMake's cache names the tree it was configured in; the binaries are static

@@ -143,7 +143,7 @@ func serveHTTP(ctx context.Context, log *slog.Logger, f *apiFlags, srv http.Hand
 		hs.TLSConfig = httpTLS(tlsCfg)
 		lis = tls.NewListener(lis, hs.TLSConfig)
 	}
-	fmt.Printf("shardd api: serving %q over a route of %d hops on http%s://%s\n", id, hops, map[bool]string{true: "s"}[tlsCfg != nil], lis.Addr())
+	fmt.Printf("shardd api: listening on http%s://%s (model %q, a route of %d hops)\n", map[bool]string{true: "s"}[tlsCfg != nil], lis.Addr(), id, hops)
 	done := make(chan error, 1)
 	go func() { done <- hs.Serve(lis) }()
 	select {

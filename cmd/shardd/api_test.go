@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/meshnet/shardd/backend/llamacpp"
+	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/load"
+	"github.com/meshnet/shardd/verify"
+)
+
+// `shardd api` over a real route of SmolLM2, driven by the official openai
+// Python package (api/testdata/openai_client.py: chat and completions,
+// streamed and not, usage, a stop string, Unicode, 401, 429, a client
+// that disconnects, bad bodies), and token for token equal to `shardd
+// generate` on the same route and prompt.
+func TestOpenAIClient(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds shardd and runs real processes")
+	}
+	python := os.Getenv("SHARDD_PYTHON")
+	if python == "" {
+		t.Skip("SHARDD_PYTHON is unset: `make test` sets it to a Python with the openai package (make pyenv)")
+	}
+	model, err := verify.RealModel("smollm2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bin := buildShardd(t, dir)
+	shards, err := gguf.Split(model, gguf.EvenRanges(30, 2), dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := load.StartWorkers(context.Background(), bin, dir, []load.WorkerSpec{
+		{Model: shards[0], Name: "hop0", Threads: 1, Args: []string{"--metrics-listen", "127.0.0.1:0"}},
+		{Model: shards[1], Name: "hop1", Threads: 1, Args: []string{"--metrics-listen", "127.0.0.1:0"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	routeFlag := strings.Join(c.Addrs, ",")
+	keys := filepath.Join(dir, "keys")
+	if err := os.WriteFile(keys, []byte("# test keys\nsk-test-1\nsk-test-2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	line := startLine(t, bin, "shardd api: listening on ", "api", "--route", routeFlag, "--tokenizer", shards[0],
+		"--listen", "127.0.0.1:0", "--api-keys", keys, "--max-inflight", "1", "--max-queue", "1", "--model-id", "smollm2")
+	base, _, _ := strings.Cut(line, " ")
+
+	t.Run("openai", func(t *testing.T) {
+		out, err := exec.Command(python, "../../api/testdata/openai_client.py", "--base", base+"/v1", "--key", "sk-test-2",
+			"--model", "smollm2", "--workers-metrics", strings.Join(c.Metrics, ",")).CombinedOutput()
+		t.Logf("%s", out)
+		if err != nil {
+			t.Fatalf("the openai client's checks failed: %v", err)
+		}
+	})
+
+	// Token for token: the API's greedy answer and generate's, on the
+	// same route and prompt, as completions of token ids and as chat.
+	tok, err := llamacpp.OpenTokenizer(shards[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tok.Close()
+	ids, err := tok.Encode("Once upon a time, in a quiet village,")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var idList []string
+	for _, id := range ids {
+		idList = append(idList, strconv.Itoa(int(id)))
+	}
+	want := generateTokens(t, bin, "--route", routeFlag, "--prompt-tokens", strings.Join(idList, ","), "--max-tokens", "24", "--verify-model", model)
+	got := apiTokens(t, base+"/v1/completions", map[string]any{"prompt": ids, "max_tokens": 24, "temperature": 0, "ignore_eos": true})
+	if !slices.Equal(got, want) {
+		t.Errorf("completion tokens through the API %v, generate's %v", got, want)
+	}
+	q := "Name three primary colors."
+	want = generateTokens(t, bin, "--route", routeFlag, "--chat", "--prompt", q, "--tokenizer", shards[0], "--max-tokens", "48", "--verify-model", model)
+	got = apiTokens(t, base+"/v1/chat/completions", map[string]any{"messages": []map[string]string{{"role": "user", "content": q}},
+		"max_tokens": 48, "temperature": 0})
+	if !slices.Equal(got, want) {
+		t.Errorf("chat tokens through the API %v, generate's %v", got, want)
+	}
+	t.Logf("API and generate agree: %d completion tokens, %d chat tokens", 24, len(got))
+}
+
+var tokensLine = regexp.MustCompile(`(?m)^tokens: \[([0-9 ]*)\]$`)
+
+// generateTokens runs `shardd generate` with args (--verify-model among
+// them) and returns the tokens it printed.
+func generateTokens(t *testing.T, bin string, args ...string) []int32 {
+	t.Helper()
+	out, err := exec.Command(bin, append([]string{"generate"}, args...)...).CombinedOutput()
+	m := tokensLine.FindSubmatch(out)
+	if err != nil || m == nil {
+		t.Fatalf("generate: %v\n%s", err, out)
+	}
+	var toks []int32
+	for _, f := range strings.Fields(string(m[1])) {
+		v, _ := strconv.Atoi(f)
+		toks = append(toks, int32(v))
+	}
+	return toks
+}
+
+// apiTokens posts a greedy request with return_token_ids and returns the
+// generated token ids.
+func apiTokens(t *testing.T, url string, body map[string]any) []int32 {
+	t.Helper()
+	body["return_token_ids"] = true
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequest("POST", url, strings.NewReader(string(b)))
+	req.Header.Set("Authorization", "Bearer sk-test-1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Choices []struct {
+			TokenIDs []int32 `json:"token_ids"`
+		} `json:"choices"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 || len(out.Choices) != 1 {
+		t.Fatalf("%s: status %d, %v", url, resp.StatusCode, err)
+	}
+	return out.Choices[0].TokenIDs
+}
+
