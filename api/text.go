@@ -92,7 +92,7 @@ func incompleteTail(b []byte) int {
 			case c&0xF8 == 0xF0:
 				need = 4
 			}
-			if need > n && !utf8.FullRune(b[len(b)-n:]) && validPrefix(b[len(b)-n:]) {
+			if need > n && validPrefix(b[len(b)-n:], need) {
 				return n
 			}
 			return 0
@@ -102,19 +102,20 @@ func incompleteTail(b []byte) int {
 }
 
 // validPrefix reports whether b (a lead byte and continuation bytes,
-// fewer than the character needs) can still become a valid character:
-// completing it with the smallest continuation bytes decodes.
-func validPrefix(b []byte) bool {
-	full := append([]byte(nil), b...)
-	for !utf8.FullRune(full) {
-		full = append(full, 0x80)
+// fewer than the need its lead byte announces) can still become a valid
+// character. Every byte after the lead may be 0x80-0xBF except the
+// second, whose valid range (narrower after E0, ED, F0 and F4) always
+// holds 0x80 or 0xBF: completing b with all of one or all of the other
+// decodes when any completion does.
+func validPrefix(b []byte, need int) bool {
+	for _, pad := range []byte{0x80, 0xBF} {
+		full := append([]byte(nil), b...)
+		for len(full) < need {
+			full = append(full, pad)
+		}
+		if r, size := utf8.DecodeRune(full); r != utf8.RuneError && size == need {
+			return true
+		}
 	}
-	if r, _ := utf8.DecodeRune(full); r != utf8.RuneError {
-		return true
-	}
-	// The smallest continuation may be below the lead byte's range (E0,
-	// F0 need A0/90 and up): try the largest too.
-	full = append(full[:len(b)], 0xBF, 0xBF, 0xBF)[:len(full)]
-	r, _ := utf8.DecodeRune(full)
-	return r != utf8.RuneError
+	return false
 }
