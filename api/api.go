@@ -159,7 +159,8 @@ func (s *Server) authorize(next http.Handler) http.Handler {
 
 // models lists the one model served.
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {
-	card := map[string]any{"id": s.cfg.Model, "object": "model", "created": 0, "owned_by": "shardd"}
+	card := map[string]any{"id": s.cfg.Model, "object": "model", "created": 0, "owned_by": "shardd",
+		"meta": map[string]any{"n_vocab": s.cfg.Vocabulary}} // as llama-server reports it
 	if id := r.PathValue("id"); id != "" {
 		if id != s.cfg.Model {
 			s.m.request("models", http.StatusNotFound)

@@ -24,6 +24,9 @@ type answer struct {
 	// ids are the generated tokens, kept when the request asked for them.
 	ids     []int32
 	keepIDs bool
+	// sentIDs counts the ids already streamed: each chunk carries the
+	// tokens since the last one (vLLM's return_token_ids in a stream).
+	sentIDs int
 	// started: the stream's headers (and, for chat, the role chunk) are
 	// sent; from then on a failure can only be told in the stream.
 	started bool
@@ -94,7 +97,7 @@ func (a *answer) finish(stopped bool) {
 	}
 	choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": reason}
 	if a.keepIDs {
-		choice["token_ids"] = a.ids
+		choice["token_ids"] = append([]int32{}, a.ids...)
 	}
 	if a.isChat {
 		choice["message"] = map[string]any{"role": "assistant", "content": a.whole.String()}
@@ -127,9 +130,10 @@ func (a *answer) chunk(text string, reason *string) error {
 	choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": nil}
 	if reason != nil {
 		choice["finish_reason"] = *reason
-		if a.keepIDs {
-			choice["token_ids"] = a.ids
-		}
+	}
+	if a.keepIDs {
+		choice["token_ids"] = a.ids[a.sentIDs:]
+		a.sentIDs = len(a.ids)
 	}
 	switch {
 	case a.isChat && reason != nil:

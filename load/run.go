@@ -45,6 +45,16 @@ type Target struct {
 	// Metrics are the workers' Prometheus addresses in route order ("":
 	// none); when set, the run reports each hop's prefix cache hit rate.
 	Metrics []string
+	// OpenAI, when set, is the base URL of an OpenAI-compatible server
+	// (shardd api, llama-server, vLLM) the run drives instead of a route
+	// (openAIClient); Addrs are then empty, and APIKey its bearer key.
+	OpenAI, APIKey string
+}
+
+// generator is what a run drives: a route, or an OpenAI-compatible
+// server.
+type generator interface {
+	Generate(ctx context.Context, req route.Request, emit func(tok int32) error) (route.Stats, error)
 }
 
 // RunOptions are a run's settings beyond its workload.
@@ -183,9 +193,12 @@ func (r *recorder) finish(tr *reqTrace, st route.Stats, err error, slo SLO) {
 // it refused, else what kind of failure it was.
 func errorClass(err error) string {
 	var re *route.RefusedError
+	var he *HTTPError
 	switch {
 	case errors.As(err, &re):
 		return re.Code.String()
+	case errors.As(err, &he):
+		return fmt.Sprintf("HTTP_%d", he.Status)
 	case errors.Is(err, context.DeadlineExceeded):
 		return "DEADLINE"
 	case errors.Is(err, context.Canceled):
@@ -203,39 +216,19 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	if opts.MaxInflight <= 0 {
 		opts.MaxInflight = 4096
 	}
-	for _, a := range t.Addrs {
-		c, err := net.DialTimeout("tcp", route.NetAddr(a), 3*time.Second)
-		if err != nil {
-			return nil, fmt.Errorf("load: %s: worker %s is unreachable: %w", t.Name, a, err)
-		}
-		c.Close()
-	}
 	rec := newRecorder(len(t.Addrs))
 	if w.Turns > 1 {
 		for range w.Turns {
 			rec.turnTTFT = append(rec.turnTTFT, newHist())
 		}
 	}
-	ro := opts.Route
-	ro.CompactLogits = ro.CompactLogits || t.CompactLogits
-	ro.Observe = rec.observe
-	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	rt, err := route.Dial(dialCtx, t.Addrs, ro)
-	cancel()
+	rt, vocab, closeTarget, err := open(ctx, t, opts, rec)
 	if err != nil {
 		return nil, err
 	}
-	defer rt.Close()
-	// One token through the route: proves it generates before any load,
-	// and tells the vocabulary the prompts are drawn from (a whole logits
-	// row, also on a target that asks for compact output).
-	st, err := rt.Generate(ctx, route.Request{Prompt: []int32{1}, MaxTokens: 1, Logits: func(int, []float32) {}},
-		func(int32) error { return nil })
-	if err != nil {
-		return nil, fmt.Errorf("load: %s: the first generation failed: %w", t.Name, err)
-	}
+	defer closeTarget()
 	if w.Vocab == 0 {
-		w.Vocab = st.Vocab
+		w.Vocab = vocab
 	}
 	if err := w.Check(); err != nil {
 		return nil, err
@@ -291,6 +284,47 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	return s, nil
 }
 
+// open connects target t and runs one token through it, which proves it
+// generates before any load, and returns its vocabulary (the width of a
+// whole logits row, also on a target that asks for compact output; a
+// server's /v1/models meta.n_vocab, else 0) and how to close it.
+func open(ctx context.Context, t Target, opts RunOptions, rec *recorder) (generator, int, func(), error) {
+	first := route.Request{Prompt: []int32{1}, MaxTokens: 1}
+	if t.OpenAI != "" {
+		c, err := newOpenAIClient(ctx, t.OpenAI, t.APIKey)
+		if err != nil {
+			return nil, 0, nil, err
+		}
+		if _, err := c.Generate(ctx, first, func(int32) error { return nil }); err != nil {
+			return nil, 0, nil, fmt.Errorf("load: %s: the first generation failed: %w", t.Name, err)
+		}
+		return c, c.vocab, c.http.CloseIdleConnections, nil
+	}
+	for _, a := range t.Addrs {
+		c, err := net.DialTimeout("tcp", route.NetAddr(a), 3*time.Second)
+		if err != nil {
+			return nil, 0, nil, fmt.Errorf("load: %s: worker %s is unreachable: %w", t.Name, a, err)
+		}
+		c.Close()
+	}
+	ro := opts.Route
+	ro.CompactLogits = ro.CompactLogits || t.CompactLogits
+	ro.Observe = rec.observe
+	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	rt, err := route.Dial(dialCtx, t.Addrs, ro)
+	cancel()
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	first.Logits = func(int, []float32) {}
+	st, err := rt.Generate(ctx, first, func(int32) error { return nil })
+	if err != nil {
+		rt.Close()
+		return nil, 0, nil, fmt.Errorf("load: %s: the first generation failed: %w", t.Name, err)
+	}
+	return rt, st.Vocab, rt.Close, nil
+}
+
 // arrivalsOver records that the measured phase issues no more requests.
 func (r *recorder) arrivalsOver(at time.Time) {
 	r.mu.Lock()
@@ -302,7 +336,7 @@ func (r *recorder) arrivalsOver(at time.Time) {
 
 // drive issues w's requests (indices from base) and waits for them all.
 // rec nil: a warm-up, nothing is recorded.
-func drive(ctx context.Context, rt *route.Route, w Workload, opts RunOptions, rec *recorder, base int) {
+func drive(ctx context.Context, rt generator, w Workload, opts RunOptions, rec *recorder, base int) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// deadline closes when the arrivals are over (a timer's channel

@@ -74,7 +74,9 @@ type benchFlags struct {
 	rate, temperature, topP, burstiness                                                  float64
 	duration, relayLatency, stepTimeout                                                  time.Duration
 	seed                                                                                 uint64
-	links                                                                                listFlag
+	links, openai                                                                        listFlag
+	apiKey                                                                               string
+	vocab                                                                                int
 	cut                                                                                  cutFlags
 	tls                                                                                  *tlsFlags
 }
@@ -92,6 +94,9 @@ type benchConfig struct {
 
 func (f *benchFlags) addTargetFlags(fs *flag.FlagSet) {
 	fs.StringVar(&f.route, "route", "", "existing route: worker addresses in layer order")
+	fs.Var(&f.openai, "openai", "an OpenAI-compatible server as a target, [NAME=]URL (shardd api, llama-server, vLLM: http://HOST:PORT); repeatable, and beside --route or --model in interleaved rounds")
+	fs.StringVar(&f.apiKey, "api-key", os.Getenv("OPENAI_API_KEY"), "bearer key for --openai servers (default $OPENAI_API_KEY)")
+	fs.IntVar(&f.vocab, "vocab", 0, "vocabulary the random prompt ids are drawn from (default: the route's, or an --openai server's /v1/models meta.n_vocab)")
 	f.tls = addClientTLS(fs)
 	fs.StringVar(&f.model, "model", "", "whole-model GGUF: the harness splits it and starts the workers")
 	f.cut = addCutFlags(fs, "with --model: ")
@@ -157,9 +162,9 @@ func parseBench(args []string) (*benchConfig, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if (f.route == "") == (f.model == "") {
+	if (f.route != "" && f.model != "") || (f.route == "" && f.model == "" && len(f.openai) == 0) {
 		fs.Usage()
-		return nil, fmt.Errorf("give --route or --model, not both")
+		return nil, fmt.Errorf("give --route or --model (not both), and/or --openai")
 	}
 	if err := f.checkTarget(); err != nil {
 		return nil, err
@@ -194,7 +199,7 @@ func (f *benchFlags) checkTarget() error {
 // SLO, sweep levels and budget.
 func (c *benchConfig) workload() error {
 	f := &c.f
-	w := load.Workload{Concurrency: f.concurrency, Rate: f.rate, Requests: f.requests, Duration: f.duration, Seed: f.seed,
+	w := load.Workload{Concurrency: f.concurrency, Rate: f.rate, Requests: f.requests, Duration: f.duration, Seed: f.seed, Vocab: f.vocab,
 		Sampling: route.Sampling{Temperature: f.temperature, TopK: f.topK, TopP: f.topP, Seed: f.seed},
 		Prefixes: f.prefixes, PrefixLen: f.prefixLen, Turns: f.turns, Burstiness: f.burstiness}
 	if f.prefixes < 0 || f.prefixLen < 1 || f.turns < 0 || f.burstiness <= 0 {
@@ -277,7 +282,8 @@ func (c *benchConfig) targets(ctx context.Context, dir string, rep *load.Report)
 			f()
 		}
 	}
-	if c.f.route != "" {
+	switch {
+	case c.f.route != "":
 		addrs := splitList(c.f.route)
 		t := load.Target{Name: "route", Addrs: addrs, Workers: addrs}
 		if c.f.spanFiles != "" {
@@ -285,13 +291,32 @@ func (c *benchConfig) targets(ctx context.Context, dir string, rep *load.Report)
 		}
 		targets = []load.Target{t}
 		rep.Targets = []load.TargetInfo{{Name: t.Name, Workers: addrs}}
-	} else {
+	case c.f.model != "":
 		sp, stop, err := c.spawn(ctx, dir)
 		closers = append(closers, stop)
 		if err != nil {
 			return nil, closeAll, err
 		}
 		targets, rep.Targets = sp.Targets, sp.Infos
+	}
+	defer func() {
+		for i, v := range c.f.openai {
+			name, url, ok := strings.Cut(v, "=")
+			if !ok || strings.Contains(name, "/") {
+				name, url = "openai", v
+				if i > 0 {
+					name = fmt.Sprintf("openai%d", i+1)
+				}
+			}
+			targets = append(targets, load.Target{Name: name, OpenAI: url, APIKey: c.f.apiKey})
+			rep.Targets = append(rep.Targets, load.TargetInfo{Name: name, Workers: []string{url}})
+		}
+	}()
+	if len(targets) == 0 {
+		if len(c.f.links) > 0 || c.f.compact == "both" {
+			return nil, closeAll, fmt.Errorf("--link and --compact-logits both need a route target (--route or --model)")
+		}
+		return nil, closeAll, nil
 	}
 	hopLinks, err := load.ParseLinks(c.f.links, len(targets[0].Addrs))
 	if err != nil {
