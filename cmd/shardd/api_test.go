@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -11,10 +14,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/meshnet/shardd/backend/llamacpp"
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/internal/tlsconf/tlstest"
 	"github.com/meshnet/shardd/load"
 	"github.com/meshnet/shardd/verify"
 )
@@ -96,6 +102,103 @@ func TestOpenAIClient(t *testing.T) {
 		t.Errorf("chat tokens through the API %v, generate's %v", got, want)
 	}
 	t.Logf("API and generate agree: %d completion tokens, %d chat tokens", 24, len(got))
+
+	t.Run("bench --openai", func(t *testing.T) { benchOpenAI(t, bin, routeFlag, base) })
+	t.Run("tls", func(t *testing.T) { apiTLS(t, bin, routeFlag, shards[0]) })
+
+	// A worker that dies: /health says which hop, a request gets a 502 or
+	// 503 that names no address.
+	if err := syscall.Kill(c.Pids[1], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get(base + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	health, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(health), "hop 1") {
+		t.Errorf("health with hop 1 dead: %d %s", resp.StatusCode, health)
+	}
+	req, _ := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"prompt": "Hello", "max_tokens": 4}`))
+	req.Header.Set("Authorization", "Bearer sk-test-1")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if (resp.StatusCode != 502 && resp.StatusCode != 503) || strings.Contains(string(body), "127.0.0.1") {
+		t.Errorf("a request with hop 1 dead: %d %s", resp.StatusCode, body)
+	}
+}
+
+// benchOpenAI runs `shardd bench` with the route and the API over it as
+// targets, interleaved: both generate every token, without errors.
+func benchOpenAI(t *testing.T, bin, routeFlag, base string) {
+	js := filepath.Join(t.TempDir(), "r.json")
+	out, err := exec.Command(bin, "bench", "--route", routeFlag, "--compact-logits", "on", "--openai", "api="+base,
+		"--api-key", "sk-test-1", "--requests", "4", "--concurrency", "2", "--warmup", "0", "--prompt-len", "8",
+		"--output-len", "6", "--rounds", "2", "--quiet", "--json", js).CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Runs []struct {
+			Target       string `json:"target"`
+			Errors       int    `json:"errors"`
+			OutputTokens int    `json:"output_tokens"`
+			Hops         []any  `json:"hops"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	var targets []string
+	for _, r := range rep.Runs {
+		targets = append(targets, r.Target)
+		if r.Errors != 0 || r.OutputTokens != 24 || (r.Target == "api") != (len(r.Hops) == 0) {
+			t.Errorf("run %+v: want 24 tokens, no errors, hops only for the route", r)
+		}
+	}
+	if !slices.Equal(targets, []string{"route", "api", "route", "api"}) {
+		t.Errorf("runs of %v, want route and api interleaved", targets)
+	}
+}
+
+// apiTLS serves the API with serve's TLS flags: HTTPS with the CA works
+// (HTTP/1.1, as Python clients speak it), plaintext does not.
+func apiTLS(t *testing.T, bin, routeFlag, tokenizer string) {
+	pki := tlstest.NewPKI(t, "api")
+	cert, key := pki.Leaf("127.0.0.1", time.Now().Add(time.Hour), x509.ExtKeyUsageServerAuth)
+	line := startLine(t, bin, "shardd api: listening on ", "api", "--route", routeFlag, "--tokenizer", tokenizer,
+		"--listen", "127.0.0.1:0", "--tls-cert", cert, "--tls-key", key)
+	base, _, _ := strings.Cut(line, " ")
+	if !strings.HasPrefix(base, "https://") {
+		t.Fatalf("listening on %q, want https", base)
+	}
+	pem, err := os.ReadFile(pki.CAFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := client.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatalf("https: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Proto != "HTTP/1.1" {
+		t.Errorf("https: %d over %s", resp.StatusCode, resp.Proto)
+	}
+	if resp, err := http.Get("http://" + strings.TrimPrefix(base, "https://") + "/v1/models"); err == nil && resp.StatusCode == 200 {
+		t.Errorf("plaintext HTTP to the TLS listener answered 200")
+	}
 }
 
 var tokensLine = regexp.MustCompile(`(?m)^tokens: \[([0-9 ]*)\]$`)
@@ -140,4 +243,3 @@ func apiTokens(t *testing.T, url string, body map[string]any) []int32 {
 	}
 	return out.Choices[0].TokenIDs
 }
-
