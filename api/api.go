@@ -229,5 +229,9 @@ func newID(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-// errStopString ends a generation whose text reached a stop string.
-var errStopString = errors.New("api: stop string")
+// errStopString ends a generation whose text reached a stop string;
+// errClientGone one whose client can no longer be written to.
+var (
+	errStopString = errors.New("api: stop string")
+	errClientGone = errors.New("api: the client is gone")
+)

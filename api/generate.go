@@ -95,7 +95,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool) {
 	case err == nil || errors.Is(err, errStopString):
 		a.finish(a.ended || errors.Is(err, errStopString))
 		s.m.request(endpoint, http.StatusOK)
-	case r.Context().Err() != nil:
+	case r.Context().Err() != nil || errors.Is(err, errClientGone):
 		// The client left: the route has cancelled and released the
 		// session on every worker.
 		s.m.request(endpoint, statusClientGone)

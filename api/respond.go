@@ -191,7 +191,7 @@ func (a *answer) event(v any) error {
 	buf := make([]byte, 0, len(b)+8)
 	buf = append(append(append(buf, "data: "...), b...), "\n\n"...)
 	if _, err := a.w.Write(buf); err != nil {
-		return err // the client is gone: the generation ends
+		return errClientGone // the generation ends
 	}
 	a.flush()
 	return nil

@@ -41,7 +41,7 @@ type openAIClient struct {
 func newOpenAIClient(ctx context.Context, base, key string) (*openAIClient, error) {
 	base = strings.TrimSuffix(strings.TrimSuffix(base, "/"), "/v1")
 	c := &openAIClient{base: base, key: key, http: &http.Client{Transport: &http.Transport{
-		MaxIdleConnsPerHost: 1024, IdleConnTimeout: time.Minute, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext}}}
+		MaxIdleConnsPerHost: 1024, IdleConnTimeout: 2 * time.Second, DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext}}}
 	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/v1/models", nil)
 	c.auth(req)
 	resp, err := c.http.Do(req)
@@ -97,6 +97,11 @@ func (c *openAIClient) Generate(ctx context.Context, req route.Request, emit fun
 	b, _ := json.Marshal(body)
 	hr, _ := http.NewRequestWithContext(ctx, "POST", c.base+"/v1/completions", bytes.NewReader(b))
 	hr.Header.Set("Content-Type", "application/json")
+	// A kept-alive connection the server closed as the request went out
+	// (llama-server keeps idle ones 5 s) fails before the server read it:
+	// the key lets Go's transport send it again on a fresh connection.
+	// Idle connections are dropped after 2 s for the same reason.
+	hr.Header.Set("X-Idempotency-Key", fmt.Sprint(time.Now().UnixNano()))
 	c.auth(hr)
 	start := time.Now()
 	resp, err := c.http.Do(hr)

@@ -270,16 +270,7 @@ func (r *Report) WriteText(w io.Writer) {
 	tw.Flush()
 	r.writeTurns(w)
 	r.writeHost(w)
-	fmt.Fprintln(w, "\nper hop, decode steps (exec: the worker's own execution; wire: the head's wait beyond it; out: payload bytes the hop returned per generated token)")
-	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "run\thop\tworker\tsteps\texec p50\texec p99\twire p50\twire p99\tprefill exec p50\tout B/token\t")
-	for _, s := range r.Runs {
-		for _, h := range s.Hops {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%.0f\t\n", s.Label, h.Hop, h.Worker, h.Exec.Count,
-				msf(h.Exec.P50), msf(h.Exec.P99), msf(h.Wire.P50), msf(h.Wire.P99), msf(h.PrefillExec.P50), h.OutBytesPerToken)
-		}
-	}
-	tw.Flush()
+	r.writeHops(w)
 	for _, s := range r.Runs {
 		if len(s.Stages) == 0 {
 			continue
@@ -304,7 +295,11 @@ func (r *Report) WriteText(w io.Writer) {
 	var errs []string
 	for _, s := range r.Runs {
 		for code, n := range s.ErrorsByCode {
-			errs = append(errs, fmt.Sprintf("%s: %s %d", s.Label, code, n))
+			line := fmt.Sprintf("%s: %s %d", s.Label, code, n)
+			if e := s.ErrorSamples[code]; e != "" {
+				line += " (first: " + e + ")"
+			}
+			errs = append(errs, line)
 		}
 		if s.Retries+s.Recoveries+s.Busy > 0 {
 			errs = append(errs, fmt.Sprintf("%s: %d retries, %d re-prefills after a cache miss, %d refusals of a full worker ridden out (%.1f s waited)",
@@ -357,6 +352,23 @@ func (m Median) Load() string {
 		return fmt.Sprintf("rate %g/s", m.Rate)
 	}
 	return fmt.Sprintf("c=%d", m.Concurrency)
+}
+
+// writeHops writes each route run's hops (an OpenAI server has none).
+func (r *Report) writeHops(w io.Writer) {
+	if !slices.ContainsFunc(r.Runs, func(s *Summary) bool { return len(s.Hops) > 0 }) {
+		return
+	}
+	fmt.Fprintln(w, "\nper hop, decode steps (exec: the worker's own execution; wire: the head's wait beyond it; out: payload bytes the hop returned per generated token)")
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "run\thop\tworker\tsteps\texec p50\texec p99\twire p50\twire p99\tprefill exec p50\tout B/token\t")
+	for _, s := range r.Runs {
+		for _, h := range s.Hops {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%.0f\t\n", s.Label, h.Hop, h.Worker, h.Exec.Count,
+				msf(h.Exec.P50), msf(h.Exec.P99), msf(h.Wire.P50), msf(h.Wire.P99), msf(h.PrefillExec.P50), h.OutBytesPerToken)
+		}
+	}
+	tw.Flush()
 }
 
 func msf(v float64) string {

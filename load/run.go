@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"slices"
 	"sort"
@@ -85,6 +86,7 @@ type recorder struct {
 	requests, good int
 	tokens         int
 	errs           map[string]int
+	errSample      map[string]string
 	retries, recov int
 	busy           int
 	busyWait       time.Duration
@@ -103,7 +105,7 @@ type recorder struct {
 
 func newRecorder(hops int) *recorder {
 	r := &recorder{ttft: newHist(), itl: newHist(), tpot: newHist(), e2e: newHist(),
-		errs: map[string]int{}, itlSeries: series{cap: 20000, rng: 1}}
+		errs: map[string]int{}, errSample: map[string]string{}, itlSeries: series{cap: 20000, rng: 1}}
 	for range hops {
 		r.hopExec = append(r.hopExec, newHist())
 		r.hopWire = append(r.hopWire, newHist())
@@ -146,7 +148,12 @@ func (r *recorder) finish(tr *reqTrace, st route.Stats, err error, slo SLO) {
 	r.recov += st.Recoveries
 	r.dupAcks += st.DuplicateAcks
 	if err != nil {
-		r.errs[errorClass(err)]++
+		class := errorClass(err)
+		r.errs[class]++
+		if _, ok := r.errSample[class]; !ok {
+			msg := err.Error()
+			r.errSample[class] = msg[:min(len(msg), 200)]
+		}
 		return
 	}
 	for i, h := range st.Hops {
@@ -528,6 +535,9 @@ func (r *recorder) summary(t Target, w Workload, label string) *Summary {
 		Requests: r.requests, OutputTokens: r.tokens, ErrorsByCode: map[string]int{},
 		Retries: r.retries, Recoveries: r.recov, DuplicateAcks: r.dupAcks, Busy: r.busy, BusyWaitS: r.busyWait.Seconds(),
 		TTFT: r.ttft.dist(true), ITL: r.itl.dist(true), TPOT: r.tpot.dist(false), E2E: r.e2e.dist(false)}
+	if len(r.errSample) > 0 {
+		s.ErrorSamples = maps.Clone(r.errSample)
+	}
 	for k, v := range r.errs {
 		s.ErrorsByCode[k] = v
 		s.Errors += v

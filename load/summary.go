@@ -79,13 +79,16 @@ type Summary struct {
 	Concurrency int     `json:"concurrency,omitempty"`
 	Rate        float64 `json:"rate,omitempty"`
 
-	Requests      int            `json:"requests"`
-	Errors        int            `json:"errors"`
-	ErrorRate     float64        `json:"error_rate"`
-	ErrorsByCode  map[string]int `json:"errors_by_code"`
-	Retries       int            `json:"retries"`
-	Recoveries    int            `json:"recoveries"`
-	DuplicateAcks int            `json:"duplicate_acks"`
+	Requests     int            `json:"requests"`
+	Errors       int            `json:"errors"`
+	ErrorRate    float64        `json:"error_rate"`
+	ErrorsByCode map[string]int `json:"errors_by_code"`
+	// ErrorSamples holds the first error of each class, as it read
+	// (bounded to 200 bytes).
+	ErrorSamples  map[string]string `json:"error_samples,omitempty"`
+	Retries       int               `json:"retries"`
+	Recoveries    int               `json:"recoveries"`
+	DuplicateAcks int               `json:"duplicate_acks"`
 	// Busy counts the refusals of a full worker (RESOURCE_EXHAUSTED,
 	// retryable) the heads rode out, BusyWaitS the seconds they waited.
 	Busy      int     `json:"busy_refusals"`

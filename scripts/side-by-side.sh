@@ -9,7 +9,10 @@
 #          `shardd api`, against `llama-server --rpc` over two
 #          `ggml-rpc-server -t 1` on CPUs 0 and 1: llama.cpp's own split.
 # The route itself (`bench --route`, compact logits as the API asks) is a
-# third target on the same workers: the front door's cost. Prefix and
+# third target on the same workers: the front door's cost. CPUs alike: in
+# `one`, the worker, `shardd api` and llama-server (its HTTP threads are
+# in its process) on CPU 1, the harness on CPU 0; in `route`, the heads
+# (`shardd api`, llama-server) and the harness on both. Prefix and
 # prompt caches are off on both sides (the rounds resend the same prompts).
 # llama.cpp comes from scripts/upstream-llama.sh (llama-cpp-python 0.3.36's
 # vendored tree). Writes OUT_DIR/MODEL-SETUP.json and the logs.
@@ -46,6 +49,7 @@ one)
   start 1 "$out/$model-$setup-llama-server.log" "$up/llama-server" -m "$whole" --host 127.0.0.1 --port $lp \
     -np 32 -t 1 -tb 1 -c $ctx --cache-ram 0 --no-cache-prompt --no-webui
   tok=$whole
+  head_cpus=1 bench_cpus=0
   ;;
 route)
   mapfile -t shards < <("$bin" split --quiet --model "$whole" --shards 2 --out-dir "$out/shards-$model")
@@ -63,6 +67,7 @@ route)
   start 0,1 "$out/$model-$setup-llama-server.log" "$up/llama-server" -m "$whole" --host 127.0.0.1 --port $lp \
     --rpc "$(IFS=,; echo "${rpc[*]}")" -ngl 999 -np 32 -t 1 -tb 1 -c $ctx --cache-ram 0 --no-cache-prompt --no-webui
   tok=${shards[0]}
+  head_cpus=0,1 bench_cpus=0,1
   ;;
 *) echo "side-by-side: SETUP is one or route" >&2; exit 2 ;;
 esac
@@ -71,10 +76,10 @@ for w in "${workers[@]}"; do
   for _ in $(seq 300); do (exec 3<>/dev/tcp/${w%:*}/${w#*:}) 2>/dev/null && break; sleep 0.2; done
 done
 ap=$(free_port)
-start 0,1 "$out/$model-$setup-api.log" "$bin" api --route "$route" --tokenizer "$tok" --listen 127.0.0.1:$ap --max-inflight 64
+start $head_cpus "$out/$model-$setup-api.log" "$bin" api --route "$route" --tokenizer "$tok" --listen 127.0.0.1:$ap --max-inflight 64
 wait_http http://127.0.0.1:$ap/health
 wait_http http://127.0.0.1:$lp/health
 echo "side-by-side: $model $setup: route $route, shardd api :$ap, llama-server :$lp" >&2
-"$bin" bench --route "$route" --compact-logits on \
+taskset -c $bench_cpus "$bin" bench --route "$route" --compact-logits on \
   --openai "shardd-api=http://127.0.0.1:$ap" --openai "llama-server=http://127.0.0.1:$lp" \
   --json "$out/$model-$setup.json" --quiet "$@"
