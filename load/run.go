@@ -46,6 +46,8 @@ type Target struct {
 	// Metrics are the workers' Prometheus addresses in route order ("":
 	// none); when set, the run reports each hop's prefix cache hit rate.
 	Metrics []string
+	// Alternates are standbys per hop (route.Options.Alternates).
+	Alternates [][]string
 	// OpenAI, when set, is the base URL of an OpenAI-compatible server
 	// (shardd api, llama-server, vLLM) the run drives instead of a route
 	// (openAIClient); Addrs are then empty, and APIKey its bearer key.
@@ -316,6 +318,7 @@ func open(ctx context.Context, t Target, opts RunOptions, rec *recorder) (genera
 	}
 	ro := opts.Route
 	ro.CompactLogits = ro.CompactLogits || t.CompactLogits
+	ro.Alternates = t.Alternates
 	ro.Observe = rec.observe
 	dialCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	rt, err := route.Dial(dialCtx, t.Addrs, ro)

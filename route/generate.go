@@ -83,6 +83,9 @@ type Stats struct {
 	// (Options.CompactLogits; 0: whole rows, also where the last hop does
 	// not advertise it).
 	Compact int
+	// Failovers describe each hop replaced during the generation, "hop
+	// I: OLD -> NEW" (failover.go).
+	Failovers []string
 	// RecipeChanges describe each hop that came back with another runtime
 	// recipe during the generation (a worker restarted with another build
 	// on its address), the session rebuilt on it: "ADDR: key: old | new"
@@ -152,7 +155,10 @@ func (s *hopStream) response() *decode.Response {
 }
 
 type gen struct {
-	r       *Route
+	r *Route
+	// hops are the generation's workers: the route's when it started,
+	// with the ones it failed over replaced.
+	hops    []*Hop
 	ctx     context.Context
 	id      string
 	epoch   uint64
@@ -193,24 +199,22 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 			trace.WithAttributes(attribute.Int("shardd.prompt_tokens", len(req.Prompt)), attribute.Int("shardd.max_tokens", req.MaxTokens)))
 		defer span.End()
 	}
-	g := &gen{r: r, ctx: ctx, id: newSessionID(), epoch: 1, framer: frameout.New(bufpool.Default),
+	g := &gen{r: r, hops: slices.Clone(r.current()), ctx: ctx, id: newSessionID(), epoch: 1, framer: frameout.New(bufpool.Default),
 		recv: receive.New(receive.Config{Budget: reassemble.Budget{MaxTensorBytes: 256 << 20}, Checksum: checksum.Policy{Require: true}}, bufpool.Default)}
 	defer g.framer.Close()
 	defer g.recv.Close()
 	g.stats.SessionID, g.stats.PromptTokens = g.id, len(req.Prompt)
 	trace.SpanFromContext(ctx).SetAttributes(attribute.String("shardd.route_session", g.id))
-	for _, h := range r.Hops {
+	for _, h := range g.hops {
 		g.stats.Hops = append(g.stats.Hops, HopStats{Addr: h.Addr})
 	}
-	g.streams = make([]*hopStream, len(r.Hops))
+	g.streams = make([]*hopStream, len(g.hops))
 	defer g.close()
-	for i := range r.Hops {
-		if err := g.openBusy(i); err != nil {
-			return g.stats, err
-		}
+	if err := g.openAll(); err != nil && !errors.Is(err, errCacheMiss) {
+		return g.stats, err
 	}
 	g.chunk = g.chunkSize()
-	if r.opts.CompactLogits && req.Logits == nil && r.Hops[len(r.Hops)-1].Features().Has(feature.LogitsTopK) {
+	if r.opts.CompactLogits && req.Logits == nil && g.hops[len(g.hops)-1].Features().Has(feature.LogitsTopK) {
 		g.askCompact(req.Sampling.Compact())
 	}
 	g.lenTensor = g.scalar(nameSessionTokens, min(len(req.Prompt)+max(req.MaxTokens, 1), 1<<30))
@@ -323,7 +327,7 @@ func (g *gen) rowsKnown() bool {
 // Stats.RecipeChanges, and the session is rebuilt there (the new worker
 // holds none of it: its next step is a CACHE_MISS).
 func (g *gen) recipeChanged(i int) error {
-	h := g.r.Hops[i]
+	h := g.hops[i]
 	old := h.Current()
 	c, err := h.capability(g.ctx, g.r.opts.StepTimeout)
 	if err != nil {
@@ -341,7 +345,14 @@ func (g *gen) recipeChanged(i int) error {
 	if c.GetFingerprint().GetRuntimeRecipeDigest() == old.GetFingerprint().GetRuntimeRecipeDigest() {
 		return nil
 	}
-	change := h.Addr + ": " + strings.Join(recipe.Diff(old.GetBackend(), c.GetBackend()), "; ")
+	return g.declareRecipe(h, old)
+}
+
+// declareRecipe records that hop h now runs another recipe than old
+// says, or, with ReplayRecovery, whose promise is bitwise continuation,
+// ends the generation with ErrRecipeChanged.
+func (g *gen) declareRecipe(h *Hop, old *shardv1.CapabilityReport) error {
+	change := h.Addr + ": " + strings.Join(recipe.Diff(old.GetBackend(), h.Recipe()), "; ")
 	if g.r.opts.ReplayRecovery {
 		return fmt.Errorf("%w: %s", ErrRecipeChanged, change)
 	}
@@ -359,7 +370,7 @@ func (g *gen) openStream(i int, reread bool) error {
 		old.watchdog.Stop()
 		old.cancel()
 	}
-	h := g.r.Hops[i]
+	h := g.hops[i]
 	ctx, cancel := context.WithCancel(g.ctx)
 	if tp := g.r.opts.TracerProvider; tp != nil {
 		var span trace.Span
@@ -369,7 +380,13 @@ func (g *gen) openStream(i int, reread bool) error {
 		cancelCtx := cancel
 		cancel = func() { cancelCtx(); span.End() }
 	}
-	openCtx, openCancel := context.WithTimeout(ctx, g.r.opts.StepTimeout)
+	wait := g.r.opts.StepTimeout
+	if g.r.canFailover() {
+		// A worker that does not open a session within seconds is not
+		// waited for when another can take its place.
+		wait = min(wait, 5*time.Second)
+	}
+	openCtx, openCancel := context.WithTimeout(ctx, wait)
 	defer openCancel()
 	stop := context.AfterFunc(openCtx, func() {
 		if openCtx.Err() == context.DeadlineExceeded {
@@ -382,7 +399,7 @@ func (g *gen) openStream(i int, reread bool) error {
 	if err != nil {
 		cancel()
 		if unreachable() {
-			return fmt.Errorf("%w: %s did not open a session within %v", ErrUnreachable, h.Addr, g.r.opts.StepTimeout)
+			return fmt.Errorf("%w: %s did not open a session within %v", ErrUnreachable, h.Addr, wait)
 		}
 		return fmt.Errorf("route: %s: %w", h.Addr, err)
 	}
@@ -398,7 +415,7 @@ func (g *gen) openStream(i int, reread bool) error {
 	if err != nil {
 		cancel()
 		if unreachable() {
-			return fmt.Errorf("%w: %s did not open a session within %v", ErrUnreachable, h.Addr, g.r.opts.StepTimeout)
+			return fmt.Errorf("%w: %s did not open a session within %v", ErrUnreachable, h.Addr, wait)
 		}
 		return fmt.Errorf("route: %s: open: %w", h.Addr, err)
 	}
@@ -450,7 +467,7 @@ func (g *gen) close() {
 		// The streams were cut: cancel and release out of band, on fresh calls.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		for _, h := range g.r.Hops {
+		for _, h := range g.hops {
 			h.client.Cancel(ctx, &shardv1.CancelRequest{SchemaVersion: 1, RouteSessionId: g.id, RouteEpoch: g.epoch})
 			h.client.Release(ctx, &shardv1.ReleaseRequest{SchemaVersion: 1, RouteSessionId: g.id, RouteEpoch: g.epoch})
 		}
@@ -574,6 +591,10 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 			}}}
 		}
 		out, err := g.call(i, req)
+		var down *HopDownError
+		if errors.As(err, &down) {
+			return nil, g.failover(i, err)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -634,7 +655,7 @@ func (g *gen) openBusy(i int) error {
 func (g *gen) draining(i int) bool {
 	ctx, cancel := context.WithTimeout(g.ctx, time.Second)
 	defer cancel()
-	h, err := g.r.Hops[i].client.Health(ctx, &shardv1.HealthRequest{SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1})
+	h, err := g.hops[i].client.Health(ctx, &shardv1.HealthRequest{SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1})
 	return err == nil && h.GetState() == shardv1.ServingState_SERVING_STATE_DRAINING
 }
 
@@ -685,6 +706,10 @@ func (g *gen) callOnce(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTens
 				if errors.Is(err, ErrRecipeChanged) || errors.Is(err, ErrRoute) {
 					return nil, err // another worker than the route's: no retry mends that
 				}
+				if errors.Is(err, ErrUnreachable) {
+					// Waited for it to come back, in vain.
+					return nil, &HopDownError{Hop: i, Addr: g.hops[i].Addr, Cause: err}
+				}
 				continue
 			}
 		}
@@ -694,6 +719,11 @@ func (g *gen) callOnce(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTens
 			lastErr = err
 			if g.ctx.Err() != nil {
 				return nil, g.ctx.Err()
+			}
+			if g.r.canFailover() {
+				if derr := g.down(i, err); derr != nil {
+					return nil, derr // gone: another worker takes its place
+				}
 			}
 			continue
 		}
@@ -723,7 +753,7 @@ func (g *gen) callOnce(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTens
 		}
 		return chunk.GetBundle().GetTensors(), nil
 	}
-	return nil, fmt.Errorf("route: %s: step failed after %d attempts: %w", g.r.Hops[i].Addr, g.r.opts.Retries+1, lastErr)
+	return nil, &HopDownError{Hop: i, Addr: g.hops[i].Addr, Cause: fmt.Errorf("step failed after %d attempts: %w", g.r.opts.Retries+1, lastErr)}
 }
 
 // countAck adds an Ack's figures to hop i's statistics.

@@ -28,7 +28,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -92,6 +94,12 @@ type Options struct {
 	// one trace through every hop: a client span per hop stream, whose W3C
 	// trace context travels in the stream's metadata.
 	TracerProvider trace.TracerProvider
+	// Alternates are standby workers per hop (Alternates[i] for hop i, in
+	// order of preference): a hop whose worker fails is replaced by the
+	// first of them that serves it (failover.go). Replace, when set, is
+	// asked instead.
+	Alternates [][]string
+	Replace    Replacer
 	// Observe, when set, is told of every step a hop acknowledged (not
 	// duplicates): wall is the head's time from sending the step to its
 	// output (or Ack), exec the worker's execution_nanos. It is called on
@@ -175,9 +183,23 @@ func (r *Route) Mixed() bool {
 
 // Route is a chain of workers that together hold every layer of a model.
 type Route struct {
+	// Hops are the workers the route was dialled with; a failover puts
+	// another in a failed one's place for the generations after it
+	// (Current).
 	Hops []*Hop
 	opts Options
+	mu   sync.Mutex // guards cur, failed and dialled
+	// cur are the hops new generations use (copy on write).
+	cur []*Hop
+	// failed are the addresses whose workers failed, and when.
+	failed map[string]time.Time
+	// dialled are the replacements connected, closed with the route.
+	dialled []*Hop
 }
+
+// Current is the route's hops now: those dialled, with failed ones
+// replaced.
+func (r *Route) Current() []*Hop { return r.current() }
 
 // Errors a caller can classify.
 var (
@@ -253,11 +275,31 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 	if opts.BusyTimeout == 0 {
 		opts.BusyTimeout = 5 * time.Minute
 	}
+	r := &Route{opts: opts, failed: map[string]time.Time{}}
+	for _, addr := range addrs {
+		h, err := r.dialHop(ctx, addr, opts.StepTimeout)
+		if h != nil {
+			r.Hops = append(r.Hops, h)
+		}
+		if err != nil {
+			r.Close()
+			return nil, err
+		}
+	}
+	r.cur = slices.Clone(r.Hops)
+	if err := r.check(); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// connect makes a client for the worker at addr (no call yet).
+func (r *Route) connect(addr string) (*Hop, error) {
 	const recvWindow = 16 << 20
-	r := &Route{opts: opts}
 	creds := insecure.NewCredentials()
-	if opts.TLS != nil {
-		creds = credentials.NewTLS(opts.TLS)
+	if r.opts.TLS != nil {
+		creds = credentials.NewTLS(r.opts.TLS)
 	}
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
@@ -271,38 +313,43 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 			// A hop that restarts comes back on the same address: wait for
 			// it (bounded by the step's context) instead of failing at once.
 			grpc.WaitForReady(true)),
-	}, opts.DialOptions...)
-
-	for _, addr := range addrs {
-		h := &Hop{Addr: addr}
-		fc, err := frameClient(addr, opts.TLS)
-		if err != nil {
-			r.Close()
-			return nil, err
-		}
-		if fc != nil {
-			h.client = fc
-		} else {
-			if h.conn, err = grpc.NewClient(addr, dial...); err != nil {
-				r.Close()
-				return nil, fmt.Errorf("route: %s: %w", addr, err)
-			}
-			h.client = shardv1.NewShardRuntimeClient(h.conn)
-		}
-		r.Hops = append(r.Hops, h)
-		// WaitForReady waits for a hop that is restarting; a hop that
-		// does not come back within a step's time is unreachable.
-		if h.Capability, err = h.capability(ctx, opts.StepTimeout); err != nil {
-			r.Close()
-			return nil, err
-		}
-		h.current.Store(newHopState(h.Capability))
-	}
-	if err := r.check(); err != nil {
-		r.Close()
+	}, r.opts.DialOptions...)
+	h := &Hop{Addr: addr}
+	fc, err := frameClient(addr, r.opts.TLS)
+	if err != nil {
 		return nil, err
 	}
-	return r, nil
+	if fc != nil {
+		h.client = fc
+		return h, nil
+	}
+	if h.conn, err = grpc.NewClient(addr, dial...); err != nil {
+		return nil, fmt.Errorf("route: %s: %w", addr, err)
+	}
+	h.client = shardv1.NewShardRuntimeClient(h.conn)
+	return h, nil
+}
+
+// dialHop connects to the worker at addr and reads its report, waiting
+// up to timeout for a worker that is (re)starting. On error a hop that
+// was connected is returned too, for the caller to close.
+func (r *Route) dialHop(ctx context.Context, addr string, timeout time.Duration) (*Hop, error) {
+	h, err := r.connect(addr)
+	if err != nil {
+		return nil, err
+	}
+	if h.Capability, err = h.capability(ctx, timeout); err != nil {
+		return h, err
+	}
+	h.current.Store(newHopState(h.Capability))
+	return h, nil
+}
+
+// close closes the hop's connection.
+func (h *Hop) close() {
+	if h.conn != nil {
+		h.conn.Close()
+	}
 }
 
 // check requires validated hops of one model, tiling the layers. Their
@@ -331,7 +378,7 @@ func (r *Route) check() error {
 // Health asks every hop for its state: nil when each answers SERVING,
 // else an error naming the first hop that does not (or cannot be asked).
 func (r *Route) Health(ctx context.Context) error {
-	for i, h := range r.Hops {
+	for i, h := range r.current() {
 		resp, err := h.client.Health(ctx, &shardv1.HealthRequest{SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1})
 		if err != nil {
 			return fmt.Errorf("hop %d does not answer Health", i)
@@ -345,10 +392,10 @@ func (r *Route) Health(ctx context.Context) error {
 
 // Close closes the connections.
 func (r *Route) Close() {
-	for _, h := range r.Hops {
-		if h.conn != nil {
-			h.conn.Close()
-		}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, h := range slices.Concat(r.Hops, r.dialled) {
+		h.close()
 	}
 }
 

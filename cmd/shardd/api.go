@@ -42,7 +42,7 @@ func parseAPI(args []string) (*apiFlags, error) {
 			"/health, /metrics) as the head of one route: every request is a generation through the\n"+
 			"route's workers, which share one connection each. README: Serving the OpenAI API.")
 	f := &apiFlags{}
-	f.route = fs.String("route", "", "comma-separated worker addresses, in layer order (as generate's --route)")
+	f.route = fs.String("route", "", routeHelp)
 	f.listen = fs.String("listen", "127.0.0.1:8080", "HTTP listen address")
 	f.tokenizer = fs.String("tokenizer", "", "GGUF whose vocabulary tokenizes prompts and renders chats: the route's first shard (a vocab-only load) or the whole model")
 	f.modelID = fs.String("model-id", "", "the model's id in /v1/models and responses (default: the GGUF's general.name)")
@@ -98,17 +98,12 @@ func runAPI(args []string) error {
 		return err
 	}
 	defer tel.Shutdown(context.Background())
-	hops := splitList(*f.route)
-	var netAddrs []string
-	for _, hop := range hops {
-		netAddrs = append(netAddrs, route.NetAddr(hop))
-	}
-	workerTLS, err := f.workerTLS.config(netAddrs, nil)
+	hops, alts, workerTLS, err := routeSpec(*f.route, f.workerTLS)
 	if err != nil {
 		return err
 	}
 	r, err := route.Dial(ctx, hops, route.Options{StepTimeout: *f.stepTimeout, PrefillChunk: *f.chunk,
-		TracerProvider: tel.TracerProvider(), TLS: workerTLS, CompactLogits: *f.compact})
+		TracerProvider: tel.TracerProvider(), TLS: workerTLS, CompactLogits: *f.compact, Alternates: alts})
 	if err != nil {
 		return err
 	}

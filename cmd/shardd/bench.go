@@ -93,7 +93,7 @@ type benchConfig struct {
 }
 
 func (f *benchFlags) addTargetFlags(fs *flag.FlagSet) {
-	fs.StringVar(&f.route, "route", "", "existing route: worker addresses in layer order")
+	fs.StringVar(&f.route, "route", "", "existing route: "+routeHelp)
 	fs.Var(&f.openai, "openai", "an OpenAI-compatible server as a target, [NAME=]URL (shardd api, llama-server, vLLM: http://HOST:PORT); repeatable, and beside --route or --model in interleaved rounds")
 	fs.StringVar(&f.apiKey, "api-key", os.Getenv("OPENAI_API_KEY"), "bearer key for --openai servers (default $OPENAI_API_KEY)")
 	fs.IntVar(&f.vocab, "vocab", 0, "vocabulary the random prompt ids are drawn from (default: the route's, or an --openai server's /v1/models meta.n_vocab)")
@@ -284,8 +284,11 @@ func (c *benchConfig) targets(ctx context.Context, dir string, rep *load.Report)
 	}
 	switch {
 	case c.f.route != "":
-		addrs := splitList(c.f.route)
-		t := load.Target{Name: "route", Addrs: addrs, Workers: addrs}
+		addrs, alts, err := route.ParseRoute(c.f.route)
+		if err != nil {
+			return nil, closeAll, err
+		}
+		t := load.Target{Name: "route", Addrs: addrs, Workers: addrs, Alternates: alts}
 		if c.f.spanFiles != "" {
 			t.SpanFiles, t.SpanFlush = splitList(c.f.spanFiles), 6*time.Second
 		}
@@ -432,7 +435,7 @@ func (c *benchConfig) runRounds(ctx context.Context, targets []load.Target, rep 
 	opts := load.RunOptions{Route: route.Options{StepTimeout: c.f.stepTimeout, CompactLogits: c.f.compact == "on"}}
 	if c.f.route != "" {
 		var err error
-		if opts.Route.TLS, err = c.f.tls.config(splitList(c.f.route), nil); err != nil {
+		if _, _, opts.Route.TLS, err = routeSpec(c.f.route, c.f.tls); err != nil {
 			return err
 		}
 	}

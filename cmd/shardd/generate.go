@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"os"
@@ -43,7 +44,7 @@ func parseGenerate(args []string) (*genFlags, error) {
 			"(or, with a tokenizer, text) as they come, stops at the model's end-of-generation tokens, and\n"+
 			"prints per-hop and total timing at the end.")
 	f := &genFlags{}
-	f.route = fs.String("route", "", "comma-separated worker addresses, in layer order: HOST:PORT (gRPC), relay://HOST:PORT/NAME (through a relay) or frames://HOST:PORT; one route may mix them")
+	f.route = fs.String("route", "", routeHelp)
 	f.tls = addClientTLS(fs)
 	f.promptTokens = fs.String("prompt-tokens", "", "comma-separated prompt token ids")
 	f.prompt = fs.String("prompt", "", "prompt text, tokenized with the model's tokenizer (--tokenizer, else --verify-model)")
@@ -161,17 +162,30 @@ func printRecipes(w io.Writer, r *route.Route) {
 
 // dial connects the route with the flags' TLS and options.
 func (f *genFlags) dial(ctx context.Context, tp trace.TracerProvider) (*route.Route, error) {
-	hops := splitList(*f.route)
-	var netAddrs []string
-	for _, hop := range hops {
-		netAddrs = append(netAddrs, route.NetAddr(hop))
-	}
-	tlsCfg, err := f.tls.config(netAddrs, nil)
+	hops, alts, tlsCfg, err := routeSpec(*f.route, f.tls)
 	if err != nil {
 		return nil, err
 	}
 	return route.Dial(ctx, hops, route.Options{StepTimeout: *f.timeout, PrefillChunk: *f.chunk, TracerProvider: tp,
-		TLS: tlsCfg, ReplayRecovery: *f.replay, CompactLogits: *f.compact})
+		TLS: tlsCfg, ReplayRecovery: *f.replay, CompactLogits: *f.compact, Alternates: alts})
+}
+
+// routeHelp describes --route for every command that drives a route.
+const routeHelp = "comma-separated hops in layer order, each HOST:PORT (gRPC), relay://HOST:PORT/NAME (through a relay) or frames://HOST:PORT; " +
+	"'|' adds standbys a failed hop moves to, in order (a|a2,b|b2)"
+
+// routeSpec reads --route (route.ParseRoute) and the TLS flags for its
+// workers, standbys included.
+func routeSpec(spec string, tf *tlsFlags) (hops []string, alts [][]string, cfg *tls.Config, err error) {
+	if hops, alts, err = route.ParseRoute(spec); err != nil {
+		return nil, nil, nil, err
+	}
+	var netAddrs []string
+	for _, hop := range slices.Concat(append([][]string{hops}, alts...)...) {
+		netAddrs = append(netAddrs, route.NetAddr(hop))
+	}
+	cfg, err = tf.config(netAddrs, nil)
+	return hops, alts, cfg, err
 }
 
 // streamTokens generates, printing each token (as text with a tokenizer)

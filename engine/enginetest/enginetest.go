@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -31,25 +32,39 @@ func ServeRoute(t T, n int, d time.Duration, cfg engine.Config) []string {
 	t.Helper()
 	var addrs []string
 	for i := range n {
-		be := backendtest.NewDelay(i == 0, i == n-1, d)
-		meta := gguf.Meta{Arch: "llama", BlockCount: 1, Start: i, End: i + 1, Total: n, FileType: "f32",
-			SourceDigest: "00000000000000000000000000000000000000000000000000000000000000aa"}
-		eng := engine.New(cfg, be, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
-		if eng.State() != shardv1.ServingState_SERVING_STATE_SERVING {
-			t.Fatalf("enginetest: shard %d is not serving", i)
-		}
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("enginetest: %v", err)
-		}
-		srv := grpc.NewServer(eng.ServerOptions()...)
-		shardv1.RegisterShardRuntimeServer(srv, eng)
-		go srv.Serve(lis)
-		t.Cleanup(func() {
+		addr, _ := ServeShard(t, i, n, d, cfg)
+		addrs = append(addrs, addr)
+	}
+	return addrs
+}
+
+// ServeShard serves shard i of a route of n (as ServeRoute does) and
+// returns its address and a stop that ends it at once, as a worker that
+// dies: its connections are cut and its address refuses them. The same
+// shard served twice computes the same outputs (a standby).
+func ServeShard(t T, i, n int, d time.Duration, cfg engine.Config) (addr string, stop func()) {
+	t.Helper()
+	be := backendtest.NewDelay(i == 0, i == n-1, d)
+	meta := gguf.Meta{Arch: "llama", BlockCount: 1, Start: i, End: i + 1, Total: n, FileType: "f32",
+		SourceDigest: "00000000000000000000000000000000000000000000000000000000000000aa"}
+	eng := engine.New(cfg, be, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if eng.State() != shardv1.ServingState_SERVING_STATE_SERVING {
+		t.Fatalf("enginetest: shard %d is not serving", i)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("enginetest: %v", err)
+	}
+	srv := grpc.NewServer(eng.ServerOptions()...)
+	shardv1.RegisterShardRuntimeServer(srv, eng)
+	go srv.Serve(lis)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
 			srv.Stop()
 			eng.Close()
 		})
-		addrs = append(addrs, lis.Addr().String())
 	}
-	return addrs
+	t.Cleanup(stop)
+	return lis.Addr().String(), stop
 }

@@ -1,0 +1,311 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+)
+
+// Failover: a hop whose worker is gone is replaced, and the generation
+// goes on.
+//
+// A hop counts as failed when a transport error outlives its retries, or
+// when, after a transport error, the worker does not answer Health
+// within probeTimeout or answers DRAINING, or when it refuses a new
+// session while draining. The route then asks for a replacement
+// (Options.Replace, or the next of Options.Alternates) and, once one
+// serves the same model and layer range, puts it in the hop's place for
+// every generation from then on; the failed address is tried again only
+// after a health check says SERVING.
+//
+// The generation that saw the failure moves to epoch + 1 on every hop:
+// the replacement holds nothing of it, and a newer epoch makes each other
+// worker drop the session's old state (engine: a newer epoch supersedes),
+// so everything fed so far is prefilled again from position 0 through
+// every hop, under the same route session id, as after a CACHE_MISS
+// (with Options.ReplayRecovery in the shapes it was built in, so that
+// with --deterministic workers of one recipe the tokens after a failover
+// are those of an uninterrupted run). The workers' prefix caches answer
+// the part of it they hold. Re-prefilling only the replaced hop from the
+// inputs it had would spare the others; it is not done (README,
+// "Surviving worker failures").
+
+// ErrHopFailed: a hop's worker is gone (HopDownError).
+var ErrHopFailed = errors.New("route: a hop's worker failed")
+
+// HopDownError says which hop failed and why; it matches ErrHopFailed
+// and its cause with errors.Is.
+type HopDownError struct {
+	Hop   int
+	Addr  string
+	Cause error
+}
+
+func (e *HopDownError) Error() string {
+	return fmt.Sprintf("%v: hop %d (%s): %v", ErrHopFailed, e.Hop, e.Addr, e.Cause)
+}
+
+func (e *HopDownError) Unwrap() []error { return []error{ErrHopFailed, e.Cause} }
+
+// Replacer returns the address of a worker to take failed hop's place
+// (the control plane's part of failover): it is called with the failed
+// worker's address and why it failed, and is called again, with the
+// address it gave, when that one does not serve the hop either.
+type Replacer func(ctx context.Context, hop int, failed string, cause error) (string, error)
+
+// ErrNoReplacement: no worker is left to take a failed hop's place.
+var ErrNoReplacement = errors.New("route: no replacement for the failed hop")
+
+// probeTimeout bounds the health check that confirms a hop is down.
+const probeTimeout = time.Second
+
+// maxReplaceTries bounds the replacements tried for one failure.
+const maxReplaceTries = 8
+
+// canFailover reports whether a failed hop can be replaced.
+func (r *Route) canFailover() bool { return r.opts.Replace != nil || len(r.opts.Alternates) > 0 }
+
+// current is the route's hops now (copy on write: a failover swaps in a
+// new slice).
+func (r *Route) current() []*Hop {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cur
+}
+
+// replace puts a worker in failed hop i's place and returns it; when
+// another generation has already replaced failed, its replacement.
+func (r *Route) replace(ctx context.Context, i int, failed *Hop, cause error) (*Hop, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cur := r.cur[i]; cur != failed {
+		return cur, nil
+	}
+	r.failed[failed.Addr] = time.Now()
+	last := failed.Addr
+	for range maxReplaceTries {
+		addr, err := r.pick(ctx, i, last, cause)
+		if err != nil {
+			return nil, err
+		}
+		h, err := r.dialHop(ctx, addr, min(r.opts.StepTimeout, 5*time.Second))
+		if err == nil {
+			err = r.fits(i, h)
+		}
+		if err != nil {
+			if h != nil {
+				h.close()
+			}
+			r.failed[addr], last, cause = time.Now(), addr, err
+			continue
+		}
+		cur := slices.Clone(r.cur)
+		cur[i] = h
+		r.cur = cur
+		r.dialled = append(r.dialled, h)
+		return h, nil
+	}
+	return nil, fmt.Errorf("%w: hop %d: %d replacements tried", ErrNoReplacement, i, maxReplaceTries)
+}
+
+// pick asks for a replacement of hop i's worker at failed: the Replacer,
+// else the first of the hop's addresses (the one dialled, then its
+// alternates) that has not failed, or that failed and answers SERVING
+// again. Called with r.mu held.
+func (r *Route) pick(ctx context.Context, i int, failed string, cause error) (string, error) {
+	if r.opts.Replace != nil {
+		return r.opts.Replace(ctx, i, failed, cause)
+	}
+	var cands []string
+	if i < len(r.opts.Alternates) {
+		cands = append([]string{r.Hops[i].Addr}, r.opts.Alternates[i]...)
+	}
+	for _, a := range cands {
+		if _, down := r.failed[a]; !down && a != failed {
+			return a, nil
+		}
+	}
+	for _, a := range cands {
+		if a != failed && r.serving(ctx, a) {
+			delete(r.failed, a)
+			return a, nil
+		}
+	}
+	return "", fmt.Errorf("%w: hop %d: every alternate (%s) failed", ErrNoReplacement, i, strings.Join(cands, ", "))
+}
+
+// serving asks the worker at addr for its health, within probeTimeout.
+func (r *Route) serving(ctx context.Context, addr string) bool {
+	h, err := r.connect(addr)
+	if err != nil {
+		return false
+	}
+	defer h.close()
+	return h.health(ctx) == nil
+}
+
+// fits requires h to serve hop i: validated, the route's model and the
+// hop's layer range.
+func (r *Route) fits(i int, h *Hop) error {
+	want, c := r.Hops[i].Capability, h.Capability
+	switch {
+	case !c.GetValidated():
+		return fmt.Errorf("%w: %s is not validated", ErrRoute, h.Addr)
+	case c.GetFingerprint().GetModelArtifactDigest() != want.GetFingerprint().GetModelArtifactDigest():
+		return fmt.Errorf("%w: %s serves another model", ErrRoute, h.Addr)
+	case c.GetShardRange().GetStartLayer() != want.GetShardRange().GetStartLayer() ||
+		c.GetShardRange().GetEndLayer() != want.GetShardRange().GetEndLayer():
+		return fmt.Errorf("%w: %s serves layers %d-%d, not hop %d's", ErrRoute, h.Addr,
+			c.GetShardRange().GetStartLayer(), c.GetShardRange().GetEndLayer(), i)
+	}
+	return nil
+}
+
+// health asks the hop for its state within probeTimeout: nil when it
+// answers SERVING.
+func (h *Hop) health(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	resp, err := h.client.Health(ctx, &shardv1.HealthRequest{SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1})
+	if err != nil {
+		return fmt.Errorf("no answer to Health within %v", probeTimeout)
+	}
+	if st := resp.GetState(); st != shardv1.ServingState_SERVING_STATE_SERVING {
+		return fmt.Errorf("it is %s", strings.TrimPrefix(st.String(), "SERVING_STATE_"))
+	}
+	return nil
+}
+
+// down reports whether hop i, after a transport error, is gone: it does
+// not answer Health in time, or is draining. nil: it serves (a hiccup;
+// the step is retried).
+func (g *gen) down(i int, cause error) error {
+	if g.ctx.Err() != nil {
+		return nil
+	}
+	h := g.hops[i]
+	if err := h.health(g.ctx); err != nil {
+		return &HopDownError{Hop: i, Addr: h.Addr, Cause: fmt.Errorf("%v after %w", err, cause)}
+	}
+	return nil
+}
+
+// failover replaces failed hop i (err a HopDownError) and moves the
+// generation to a new epoch on every hop, its streams reopened; it
+// returns errCacheMiss, on which the caller prefills everything fed so
+// far again, or the failure when the hop cannot be replaced.
+func (g *gen) failover(i int, err error) error {
+	if !g.r.canFailover() || g.ctx.Err() != nil {
+		return err
+	}
+	old := g.hops[i]
+	h, rerr := g.r.replace(g.ctx, i, old, err)
+	if rerr != nil {
+		return fmt.Errorf("%w; %w", err, rerr)
+	}
+	g.hops[i] = h
+	g.stats.Failovers = append(g.stats.Failovers, fmt.Sprintf("hop %d: %s -> %s", i, old.Addr, h.Addr))
+	if h.Recipe() != old.Recipe() {
+		if cerr := g.declareRecipe(h, old.Current()); cerr != nil {
+			return cerr
+		}
+	}
+	g.epoch++
+	for j, s := range g.streams {
+		if s != nil {
+			s.watchdog.Stop()
+			s.cancel()
+			s.recycle()
+			g.streams[j] = nil
+		}
+	}
+	if oerr := g.openAll(); oerr != nil {
+		return oerr
+	}
+	g.chunk = g.chunkSize()
+	return errCacheMiss
+}
+
+// maxFailovers bounds the failovers of one generation.
+const maxFailovers = 8
+
+// openAll opens every hop's stream not open yet, failing over a hop whose
+// worker is gone (openFailed). It returns errCacheMiss when it failed
+// over: the state of anything fed before is gone.
+func (g *gen) openAll() error {
+	for i := range g.streams {
+		if g.streams[i] != nil {
+			continue
+		}
+		err := g.openBusy(i)
+		if err == nil {
+			continue
+		}
+		down := g.openFailed(i, err)
+		if down == nil || len(g.stats.Failovers) >= maxFailovers {
+			return err
+		}
+		return g.failover(i, down) // reopens every stream
+	}
+	return nil
+}
+
+// openFailed reports, for hop i whose stream did not open (err), whether
+// its worker is gone: unreachable, draining, or not answering Health
+// after a transport error. nil: the error is the generation's.
+func (g *gen) openFailed(i int, err error) *HopDownError {
+	var re *RefusedError
+	switch {
+	case g.ctx.Err() != nil || errors.Is(err, ErrRoute) || errors.Is(err, ErrRecipeChanged):
+		return nil
+	case errors.Is(err, ErrUnreachable):
+	case errors.As(err, &re):
+		if !busy(err) || !g.draining(i) {
+			return nil
+		}
+		err = fmt.Errorf("draining: %w", err)
+	default:
+		var down *HopDownError
+		if d := g.down(i, err); d == nil || !errors.As(d, &down) {
+			return nil
+		}
+	}
+	return &HopDownError{Hop: i, Addr: g.hops[i].Addr, Cause: err}
+}
+
+// ParseRoute reads a route as the commands take it: hops in layer order,
+// comma-separated, each an address or several separated by '|', the
+// first the hop's worker and the others its standbys in order of
+// preference ("a|a2,b|b2"). alternates is nil when no hop has one.
+func ParseRoute(spec string) (addrs []string, alternates [][]string, err error) {
+	some := false
+	for _, hop := range strings.Split(spec, ",") {
+		var alts []string
+		for _, a := range strings.Split(hop, "|") {
+			if a = strings.TrimSpace(a); a != "" {
+				alts = append(alts, a)
+			}
+		}
+		if len(alts) == 0 {
+			if strings.TrimSpace(hop) == "" && len(strings.Split(spec, ",")) > 1 {
+				return nil, nil, fmt.Errorf("route %q: an empty hop", spec)
+			}
+			continue
+		}
+		addrs = append(addrs, alts[0])
+		alternates = append(alternates, alts[1:])
+		some = some || len(alts) > 1
+	}
+	if len(addrs) == 0 {
+		return nil, nil, fmt.Errorf("route %q: no hops", spec)
+	}
+	if !some {
+		alternates = nil
+	}
+	return addrs, alternates, nil
+}
