@@ -45,6 +45,9 @@ type Cluster struct {
 	Pids    []int
 	procs   []*exec.Cmd
 	done    []chan struct{}
+	// What Restart starts again.
+	specs       []WorkerSpec
+	bin, logDir string
 }
 
 // StartWorkers starts one `bin serve` per spec on 127.0.0.1 with a port of
@@ -53,9 +56,9 @@ type Cluster struct {
 // the harness (PR_SET_PDEATHSIG), so even a killed harness leaves none
 // behind; Close stops them gracefully.
 func StartWorkers(ctx context.Context, bin, logDir string, specs []WorkerSpec) (*Cluster, error) {
-	c := &Cluster{}
+	c := &Cluster{specs: specs, bin: bin, logDir: logDir}
 	for _, s := range specs {
-		addr, metrics, logPath, err := c.start(ctx, bin, logDir, s)
+		addr, metrics, logPath, err := c.start(ctx, bin, logDir, s, "127.0.0.1:0")
 		if err != nil {
 			c.Close()
 			return nil, err
@@ -68,8 +71,8 @@ func StartWorkers(ctx context.Context, bin, logDir string, specs []WorkerSpec) (
 	return c, nil
 }
 
-func (c *Cluster) start(ctx context.Context, bin, logDir string, s WorkerSpec) (addr, metrics, logPath string, err error) {
-	args := []string{"serve", "--model", s.Model, "--listen", "127.0.0.1:0", "--instance", s.Name}
+func (c *Cluster) start(ctx context.Context, bin, logDir string, s WorkerSpec, listen string) (addr, metrics, logPath string, err error) {
+	args := []string{"serve", "--model", s.Model, "--listen", listen, "--instance", s.Name}
 	if s.Threads > 0 {
 		args = append(args, "--threads", strconv.Itoa(s.Threads))
 	}
@@ -83,7 +86,7 @@ func (c *Cluster) start(ctx context.Context, bin, logDir string, s WorkerSpec) (
 	// window's spans soon after it ends.
 	cmd.Env = append(os.Environ(), "OTEL_BSP_SCHEDULE_DELAY=200")
 	logPath = filepath.Join(logDir, s.Name+".log")
-	logf, err := os.Create(logPath)
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return "", "", "", err
 	}
@@ -151,6 +154,27 @@ func startOnCPUs(cmd *exec.Cmd, cpus []int) error {
 		err = rerr
 	}
 	return err
+}
+
+// Kill kills worker i at once (SIGKILL), as a machine that dies, and
+// waits until it is gone.
+func (c *Cluster) Kill(i int) {
+	syscall.Kill(-c.procs[i].Process.Pid, syscall.SIGKILL)
+	<-c.done[i]
+}
+
+// Restart starts worker i again on its address (after Kill).
+func (c *Cluster) Restart(ctx context.Context, i int) error {
+	n := len(c.procs)
+	_, _, _, err := c.start(ctx, c.bin, c.logDir, c.specs[i], c.Addrs[i])
+	if err != nil {
+		return err
+	}
+	// start appended the new process: it takes the old one's place.
+	c.procs[i], c.done[i] = c.procs[n], c.done[n]
+	c.procs, c.done = c.procs[:n], c.done[:n]
+	c.Pids[i] = c.procs[i].Process.Pid
+	return nil
 }
 
 // Close stops every worker: SIGTERM (a drain), then SIGKILL after 10 s.

@@ -47,6 +47,16 @@ func (r *Report) plots() []plot {
 			ts = append(ts, plotSeries{Name: s.Label, Points: s.ITLSeries, Dots: true})
 		}
 	}
+	for _, s := range runs {
+		if s.KillAtS > 0 && len(s.ITLSeries) > 0 {
+			// The kill, as a vertical line across the gaps around it.
+			top := 0.0
+			for _, p := range s.ITLSeries {
+				top = max(top, p[1])
+			}
+			ts = append(ts, plotSeries{Name: s.Label + ": worker killed", Points: [][2]float64{{s.KillAtS, 0}, {s.KillAtS, top}}})
+		}
+	}
 	if len(ts) > 0 {
 		out = append(out, plot{"itl-time", "every inter-token gap (a sample of at most 20,000 per run) by when it ended",
 			template.HTML(linePlot("ITL over time", axis{label: "seconds into the run"}, axis{label: "ITL (ms)"}, ts))})

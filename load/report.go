@@ -74,6 +74,8 @@ type TargetInfo struct {
 	Threads []int    `json:"threads,omitempty"`
 	CPUs    []string `json:"cpus,omitempty"`
 	Links   []string `json:"links,omitempty"`
+	// Standbys are each hop's standby workers.
+	Standbys [][]string `json:"standbys,omitempty"`
 }
 
 // Median is one target at one load level over its rounds.
@@ -300,6 +302,10 @@ func (r *Report) WriteText(w io.Writer) {
 				line += " (first: " + e + ")"
 			}
 			errs = append(errs, line)
+		}
+		if s.KillAtS > 0 {
+			errs = append(errs, fmt.Sprintf("%s: a worker killed at %.1f s; %d generations failed over, failover time p50 %s, p99 %s",
+				s.Label, s.KillAtS, s.Failovers, msf(s.FailoverTime.P50), msf(s.FailoverTime.P99)))
 		}
 		if s.Retries+s.Recoveries+s.Busy > 0 {
 			errs = append(errs, fmt.Sprintf("%s: %d retries, %d re-prefills after a cache miss, %d refusals of a full worker ridden out (%.1f s waited)",

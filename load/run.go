@@ -48,6 +48,10 @@ type Target struct {
 	Metrics []string
 	// Alternates are standbys per hop (route.Options.Alternates).
 	Alternates [][]string
+	// Kill kills one of the route's workers during each run (Spawn.Kill;
+	// cluster holds the worker).
+	Kill    *KillPlan
+	cluster *Cluster
 	// OpenAI, when set, is the base URL of an OpenAI-compatible server
 	// (shardd api, llama-server, vLLM) the run drives instead of a route
 	// (openAIClient); Addrs are then empty, and APIKey its bearer key.
@@ -80,6 +84,8 @@ type recorder struct {
 	ttft, itl      hist
 	turnTTFT       []hist // per turn of a conversation, with Turns
 	tpot, e2e      hist
+	failover       hist // per generation that failed over: its longest gap
+	failovers      int
 	hopExec        []hist
 	hopWire        []hist
 	hopPrefillExec []hist
@@ -101,12 +107,14 @@ type recorder struct {
 	// tokens up to the cutoff.
 	cutoff time.Time
 	steady int
+	// killAt is when Target.Kill killed its worker (zero: not yet).
+	killAt time.Time
 	// prompts counts the prompt tokens the measured phase has sent.
 	prompts atomic.Int64
 }
 
 func newRecorder(hops int) *recorder {
-	r := &recorder{ttft: newHist(), itl: newHist(), tpot: newHist(), e2e: newHist(),
+	r := &recorder{ttft: newHist(), itl: newHist(), tpot: newHist(), e2e: newHist(), failover: newHist(),
 		errs: map[string]int{}, errSample: map[string]string{}, itlSeries: series{cap: 20000, rng: 1}}
 	for range hops {
 		r.hopExec = append(r.hopExec, newHist())
@@ -193,6 +201,10 @@ func (r *recorder) finish(tr *reqTrace, st route.Stats, err error, slo SLO) {
 		tpot = end.Sub(tr.times[0]) / time.Duration(n-1)
 		r.tpot.record(tpot)
 	}
+	if len(st.Failovers) > 0 {
+		r.failovers++
+		r.failover.record(maxITL)
+	}
 	if slo.met(ttft, maxITL, tpot, e2e) {
 		r.good++
 	}
@@ -261,7 +273,11 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	rec.mu.Unlock()
 	stopProgress := progress(opts, rec, w)
 	counters := sampleCounters(t.Metrics, rec)
+	revive := killLater(ctx, t, rec)
 	drive(ctx, rt, w, opts, rec, 0)
+	if err := revive(); err != nil {
+		return nil, err
+	}
 	stopProgress()
 	hops := counters()
 	rec.mu.Lock()
@@ -291,6 +307,38 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 		}
 	}
 	return s, nil
+}
+
+// killLater kills the worker t.Kill names when its time into the
+// measured phase comes, and starts it again Restart later. The returned
+// function waits for both and starts it again now if it is still down
+// (a run that ended before the restart).
+func killLater(ctx context.Context, t Target, rec *recorder) func() error {
+	k := t.Kill
+	if k == nil || t.cluster == nil {
+		return func() error { return nil }
+	}
+	killed, restarted := make(chan struct{}), make(chan error, 1)
+	kill := time.AfterFunc(k.At, func() {
+		t.cluster.Kill(k.Hop)
+		rec.mu.Lock()
+		rec.killAt = time.Now()
+		rec.mu.Unlock()
+		close(killed)
+		if k.Restart > 0 {
+			time.AfterFunc(k.Restart, func() { restarted <- t.cluster.Restart(ctx, k.Hop) })
+		}
+	})
+	return func() error {
+		if kill.Stop() {
+			return nil // the run ended first
+		}
+		<-killed
+		if k.Restart > 0 {
+			return <-restarted
+		}
+		return t.cluster.Restart(ctx, k.Hop)
+	}
 }
 
 // open connects target t and runs one token through it, which proves it
@@ -537,7 +585,11 @@ func (r *recorder) summary(t Target, w Workload, label string) *Summary {
 	s := &Summary{Label: label, Target: t.Name, Concurrency: w.Concurrency, Rate: w.Rate,
 		Requests: r.requests, OutputTokens: r.tokens, ErrorsByCode: map[string]int{},
 		Retries: r.retries, Recoveries: r.recov, DuplicateAcks: r.dupAcks, Busy: r.busy, BusyWaitS: r.busyWait.Seconds(),
-		TTFT: r.ttft.dist(true), ITL: r.itl.dist(true), TPOT: r.tpot.dist(false), E2E: r.e2e.dist(false)}
+		TTFT: r.ttft.dist(true), ITL: r.itl.dist(true), TPOT: r.tpot.dist(false), E2E: r.e2e.dist(false),
+		Failovers: r.failovers, FailoverTime: r.failover.dist(false)}
+	if !r.killAt.IsZero() {
+		s.KillAtS = r.killAt.Sub(r.start).Seconds()
+	}
 	if len(r.errSample) > 0 {
 		s.ErrorSamples = maps.Clone(r.errSample)
 	}

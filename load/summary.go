@@ -135,6 +135,14 @@ type Summary struct {
 	E2E                Dist    `json:"e2e"`
 
 	Hops []HopSummary `json:"hops"`
+	// KillAtS is when a worker was killed (Target.Kill), seconds into the
+	// measured phase (0: none). Failovers counts the generations that
+	// moved to a standby; FailoverTime is, for each, its longest gap
+	// between two tokens: from the last token before the failover to the
+	// first after.
+	KillAtS      float64 `json:"kill_at_s,omitempty"`
+	Failovers    int     `json:"failovers,omitempty"`
+	FailoverTime Dist    `json:"failover_time"`
 	// Stages: per hop (in route order) the worker's per-stage span
 	// latencies, from the span files of the measured window.
 	Stages []map[string]Dist `json:"stages,omitempty"`

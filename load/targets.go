@@ -37,6 +37,19 @@ type Spawn struct {
 	// Relayed maps a hop to the relay URL its worker also registers at;
 	// a target "route+relay" then reaches those hops through the relay.
 	Relayed map[int]string
+	// Standbys per hop: that many more workers of each shard, the route's
+	// alternates (route.Options.Alternates).
+	Standbys int
+	// Kill, when set, kills a worker of the route during each of its runs.
+	Kill *KillPlan
+}
+
+// KillPlan kills hop Hop's worker (SIGKILL) At into a run's measured
+// phase and starts it again on its address Restart later, or, with
+// Restart 0, when the run ends (the next run dials it).
+type KillPlan struct {
+	Hop         int
+	At, Restart time.Duration
 }
 
 // Baseline is one unsplit worker.
@@ -102,16 +115,39 @@ func (s *Spawned) startRoute(ctx context.Context, sp Spawn) error {
 		specs = append(specs, w)
 		info.Ranges = append(info.Ranges, sp.Ranges[i].String())
 	}
+	n := len(specs)
+	for k := range sp.Standbys {
+		for i := range n {
+			w := specs[i]
+			w.Name, w.SpanFile = fmt.Sprintf("hop%d-standby%d", i, k+1), ""
+			specs = append(specs, w)
+		}
+	}
 	c, err := StartWorkers(ctx, sp.Bin, sp.Dir, specs)
 	if err != nil {
 		return err
 	}
 	s.clusters = append(s.clusters, c)
-	t.Addrs, t.Workers, info.Workers, t.Metrics = c.Addrs, c.Addrs, c.Addrs, c.Metrics
+	t.Addrs, t.Workers, info.Workers, t.Metrics = c.Addrs[:n], c.Addrs[:n], c.Addrs[:n], c.Metrics[:n]
+	if sp.Standbys > 0 {
+		t.Alternates = make([][]string, n)
+		for k := range sp.Standbys {
+			for i := range n {
+				t.Alternates[i] = append(t.Alternates[i], c.Addrs[n*(k+1)+i])
+			}
+		}
+		info.Standbys = t.Alternates
+	}
+	if sp.Kill != nil {
+		if sp.Kill.Hop < 0 || sp.Kill.Hop >= n {
+			return fmt.Errorf("load: --kill: the route has no hop %d", sp.Kill.Hop)
+		}
+		t.Kill, t.cluster = sp.Kill, c
+	}
 	s.add(t, info)
 	if len(sp.Relayed) > 0 {
 		// The same workers, with the relayed hops reached through the relay.
-		t.Name, info.Name = "route+relay", "route+relay"
+		t.Name, info.Name, t.Kill = "route+relay", "route+relay", nil
 		t.Addrs = slices.Clone(c.Addrs)
 		for i, u := range sp.Relayed {
 			t.Addrs[i] = u

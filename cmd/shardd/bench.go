@@ -75,7 +75,8 @@ type benchFlags struct {
 	duration, relayLatency, stepTimeout                                                  time.Duration
 	seed                                                                                 uint64
 	links, openai                                                                        listFlag
-	apiKey                                                                               string
+	apiKey, kill                                                                         string
+	standbys                                                                             int
 	vocab                                                                                int
 	cut                                                                                  cutFlags
 	tls                                                                                  *tlsFlags
@@ -107,6 +108,8 @@ func (f *benchFlags) addTargetFlags(fs *flag.FlagSet) {
 	fs.StringVar(&f.unsplitCPUs, "unsplit-cpus", "", "CPU set of each --unsplit worker, ';' between them (0 or 0;0-1)")
 	fs.StringVar(&f.serveArgs, "serve-args", "", "further flags for every 'shardd serve' the harness starts (space-separated)")
 	fs.BoolVar(&f.stages, "stages", false, "with --model: workers write spans, and the report has per-stage latency")
+	fs.IntVar(&f.standbys, "standbys", 0, "with --model: also start this many standby workers per shard, which a hop whose worker fails moves to")
+	fs.StringVar(&f.kill, "kill", "", "with --model: kill (SIGKILL) hop HOP's worker DUR into each measured run of the route, and start it again on its address after restart=DUR (default: when the run ends): HOP@DUR[,restart=DUR], e.g. 1@3s")
 	fs.StringVar(&f.spanFiles, "span-files", "", "with --route: span files the workers write (serve --traces file:PATH, --instance = the address given in --route), for per-stage latency")
 	fs.StringVar(&f.relayHops, "relay-hops", "", "with --model: also run the route with these hops (0,1,... or all) through a relay the harness runs, as a target 'route+relay' on the same workers, interleaved with the direct route")
 	fs.DurationVar(&f.relayLatency, "relay-latency", 0, "with --relay-hops: delay the relay adds to every chunk, each way")
@@ -180,8 +183,8 @@ func (f *benchFlags) checkTarget() error {
 	if !slices.Contains([]string{"off", "on", "both"}, f.compact) {
 		return fmt.Errorf("--compact-logits %q: want off, on or both", f.compact)
 	}
-	if f.route != "" && (f.unsplit || *f.cut.shards > 0 || *f.cut.rangesFlag != "" || *f.cut.by != "layers" || *f.cut.kvCells != 0 || f.stages || f.relayHops != "") {
-		return fmt.Errorf("--unsplit, --shards, --ranges, --by, --kv-cells, --stages and --relay-hops need --model (the harness starts those workers); a route you run takes relay://HOST:PORT/NAME hops in --route")
+	if f.route != "" && (f.unsplit || *f.cut.shards > 0 || *f.cut.rangesFlag != "" || *f.cut.by != "layers" || *f.cut.kvCells != 0 || f.stages || f.relayHops != "" || f.standbys > 0 || f.kill != "") {
+		return fmt.Errorf("--unsplit, --shards, --ranges, --by, --kv-cells, --stages, --relay-hops, --standbys and --kill need --model (the harness starts those workers); a route you run takes relay://HOST:PORT/NAME hops and a|a2 standbys in --route")
 	}
 	if f.route == "" && (*f.tls.ca != "" || *f.tls.cert != "") {
 		return fmt.Errorf("the TLS flags are for --route: the workers --model starts listen on loopback in plaintext")
@@ -335,7 +338,7 @@ func (c *benchConfig) targets(ctx context.Context, dir string, rep *load.Report)
 	if c.f.compact == "both" {
 		// The same workers through the same links, asking for compact output.
 		ct, ci := targets[0], rep.Targets[0]
-		ct.Name, ci.Name, ct.CompactLogits = "route+compact", "route+compact", true
+		ct.Name, ci.Name, ct.CompactLogits, ct.Kill = "route+compact", "route+compact", true, nil
 		ct.Addrs = slices.Clone(ct.Addrs)
 		targets = slices.Insert(targets, 1, ct)
 		rep.Targets = slices.Insert(rep.Targets, 1, ci)
@@ -384,6 +387,10 @@ func (c *benchConfig) spawnSpec(dir string) (load.Spawn, error) {
 	if sp.Ranges, err = f.cut.ranges(f.model); err != nil {
 		return sp, err
 	}
+	sp.Standbys = f.standbys
+	if sp.Kill, err = parseKill(f.kill); err != nil {
+		return sp, err
+	}
 	if sp.Threads, err = perWorkerInts(f.threads, len(sp.Ranges)); err != nil {
 		return sp, err
 	}
@@ -404,6 +411,31 @@ func (c *benchConfig) spawnSpec(dir string) (load.Spawn, error) {
 	}
 	sp.Shards, err = load.Shards(f.model, sp.Ranges, filepath.Join(cache, "shardd", "bench-shards"))
 	return sp, err
+}
+
+// parseKill reads --kill HOP@DUR[,restart=DUR] ("": none).
+func parseKill(v string) (*load.KillPlan, error) {
+	if v == "" {
+		return nil, nil
+	}
+	bad := fmt.Errorf("--kill %q: want HOP@DUR[,restart=DUR], e.g. 1@3s,restart=10s", v)
+	first, rest, _ := strings.Cut(v, ",")
+	hop, at, ok := strings.Cut(first, "@")
+	k := &load.KillPlan{}
+	var err error
+	if k.Hop, err = strconv.Atoi(hop); !ok || err != nil || k.Hop < 0 {
+		return nil, bad
+	}
+	if k.At, err = time.ParseDuration(at); err != nil || k.At <= 0 {
+		return nil, bad
+	}
+	if rest != "" {
+		d, ok := strings.CutPrefix(rest, "restart=")
+		if k.Restart, err = time.ParseDuration(d); !ok || err != nil || k.Restart <= 0 {
+			return nil, bad
+		}
+	}
+	return k, nil
 }
 
 // baselines reads --unsplit-threads and --unsplit-cpus.

@@ -114,3 +114,46 @@ func TestBenchCommand(t *testing.T) {
 		t.Errorf("workers left running: %s", ps)
 	}
 }
+
+// --kill with --standbys: hop 1's worker dies half a second into each
+// run; generations move to its standby and none is lost; the worker is
+// started again for the next round; the report says when and how long the
+// failovers took.
+func TestBenchKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds shardd and runs real workers")
+	}
+	dir := t.TempDir()
+	bin, model := buildShardd(t, dir), tinyModel(t, dir)
+	jsonPath := filepath.Join(dir, "r.json")
+	cmd := exec.Command(bin, "bench", "--model", model, "--shards", "2", "--standbys", "1", "--kill", "1@500ms",
+		"--concurrency", "4", "--duration", "2s", "--rounds", "2", "--prompt-len", "8", "--output-len", "32",
+		"--quiet", "--json", jsonPath, "--html", filepath.Join(dir, "r.html"))
+	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+filepath.Join(dir, "cache"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench --kill: %v\n%s", err, out)
+	}
+	var rep load.Report
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Runs) != 2 {
+		t.Fatalf("%d runs", len(rep.Runs))
+	}
+	for _, s := range rep.Runs {
+		if s.Errors != 0 || s.Failovers == 0 || s.KillAtS < 0.4 || s.FailoverTime.Count != int64(s.Failovers) {
+			t.Errorf("%s: %d errors %v, %d failovers (%d timed), killed at %.2f s", s.Label, s.Errors, s.ErrorSamples, s.Failovers, s.FailoverTime.Count, s.KillAtS)
+		}
+	}
+	if !strings.Contains(string(out), "generations failed over") {
+		t.Errorf("the report does not tell the failovers:\n%s", out)
+	}
+	if ps, _ := exec.Command("pgrep", "-f", bin+" serve").Output(); len(ps) > 0 {
+		t.Errorf("workers left running: %s", ps)
+	}
+}
