@@ -33,6 +33,12 @@ type Config struct {
 	// MaxQueue: work items queued or running across all streams; more is
 	// RESOURCE_EXHAUSTED.
 	MaxQueue int
+	// DrainHandoff: once draining, refuse every further step of the open
+	// sessions too (ErrHandoff, retryable RESOURCE_EXHAUSTED; Health says
+	// DRAINING), so that heads with a standby for this hop move them there
+	// (route failover) and the drain ends as soon as their streams close,
+	// instead of when their generations finish here.
+	DrainHandoff bool
 	// IterationTokens: the least token budget of one scheduler iteration
 	// while a decode step waits: decode rows first, prefill tokens fill
 	// the rest. The decode budget (below) usually grants more.

@@ -65,6 +65,9 @@
 //	a newer epoch supersedes; an older one is   -                          shardd.errors                        TestNewerEpochSupersedes
 //	  EPOCH_STALE
 //	idle sessions expire                        --session-ttl              shardd.evictions                     TestEvictedSessionMisses
+//	draining with handoff refuses the open      --drain-handoff            shardd.errors                        TestDrainHandoff (cmd/shardd)
+//	  sessions' steps too (retryable), so
+//	  heads move them to a standby
 //	repeated prompt blocks answered from the    --prefix-cache-bytes,      shardd.prefix.hits,                  TestPrefixCacheIdentity,
 //	  prefix cache, bounded in bytes, never     --prefix-block             shardd.prefix.tokens,                TestPrefixCacheBounded
 //	  across identities                                                    shardd.prefix.bytes

@@ -30,6 +30,7 @@ var (
 	ErrNoSession      = wireerr.NewRetryable(codeExhausted, "engine: no session slot is free")
 	ErrDraining       = wireerr.NewRetryable(codeExhausted, "engine: worker is draining and accepts no new sessions")
 	ErrQueueFull      = wireerr.NewRetryable(codeExhausted, "engine: work queue is full")
+	ErrHandoff        = wireerr.NewRetryable(codeExhausted, "engine: worker is draining and hands its sessions to a standby")
 	ErrCancelled      = wireerr.New(codeCancelled, "engine: work cancelled")
 	ErrDeadline       = wireerr.New(codeDeadline, "engine: deadline passed before the work ran")
 	ErrCredit         = wireerr.New(codeFlow, "engine: sender exceeded its granted credit")

@@ -480,6 +480,10 @@ func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d
 		fail(wireerr.Errorf(ErrChunkBytes, "%d bytes, limit %d", in.Len(), st.fc.chunkBytes))
 		return
 	}
+	if e.cfg.DrainHandoff && e.State() == shardv1.ServingState_SERVING_STATE_DRAINING {
+		fail(ErrHandoff)
+		return
+	}
 	var err error
 	if d != nil {
 		err = e.parseDecodeStep(w, d)

@@ -629,6 +629,11 @@ func (g *gen) call(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTensor, 
 		if err == nil || !busy(err) {
 			return out, err
 		}
+		if g.r.canFailover() && g.draining(i) {
+			// A draining worker: its sessions move to a standby rather than
+			// wait (serve --drain-handoff refuses their steps).
+			return nil, &HopDownError{Hop: i, Addr: g.hops[i].Addr, Cause: fmt.Errorf("draining: %w", err)}
+		}
 		if err := g.rideOut(&since, try, err); err != nil {
 			return nil, err
 		}

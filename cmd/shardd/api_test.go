@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -14,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -51,12 +54,13 @@ func TestOpenAIClient(t *testing.T) {
 	c, err := load.StartWorkers(context.Background(), bin, dir, []load.WorkerSpec{
 		{Model: shards[0], Name: "hop0", Threads: 1, Args: []string{"--metrics-listen", "127.0.0.1:0"}},
 		{Model: shards[1], Name: "hop1", Threads: 1, Args: []string{"--metrics-listen", "127.0.0.1:0"}},
+		{Model: shards[1], Name: "hop1-standby", Threads: 1},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	routeFlag := strings.Join(c.Addrs, ",")
+	routeFlag := strings.Join(c.Addrs[:2], ",")
 	keys := filepath.Join(dir, "keys")
 	if err := os.WriteFile(keys, []byte("# test keys\nsk-test-1\nsk-test-2\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -67,7 +71,7 @@ func TestOpenAIClient(t *testing.T) {
 
 	t.Run("openai", func(t *testing.T) {
 		out, err := exec.Command(python, "../../api/testdata/openai_client.py", "--base", base+"/v1", "--key", "sk-test-2",
-			"--model", "smollm2", "--workers-metrics", strings.Join(c.Metrics, ",")).CombinedOutput()
+			"--model", "smollm2", "--workers-metrics", strings.Join(c.Metrics[:2], ",")).CombinedOutput()
 		t.Logf("%s", out)
 		if err != nil {
 			t.Fatalf("the openai client's checks failed: %v", err)
@@ -106,11 +110,14 @@ func TestOpenAIClient(t *testing.T) {
 	t.Run("bench --openai", func(t *testing.T) { benchOpenAI(t, bin, routeFlag, base) })
 	t.Run("tls", func(t *testing.T) { apiTLS(t, bin, routeFlag, shards[0]) })
 
-	// A worker that dies: /health says which hop, a request gets a 502 or
-	// 503 that names no address.
-	if err := syscall.Kill(c.Pids[1], syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	// A worker that dies under streams of an API whose route has a
+	// standby for it: every stream pauses and completes. Then, through
+	// the API without one: /health says which hop, a request gets a 502
+	// or 503 that names no address.
+	standbyLine := startLine(t, bin, "shardd api: listening on ", "api", "--route", c.Addrs[0]+","+c.Addrs[1]+"|"+c.Addrs[2],
+		"--tokenizer", shards[0], "--listen", "127.0.0.1:0")
+	standbyBase, _, _ := strings.Cut(standbyLine, " ")
+	streamsSurvive(t, standbyBase, func() { syscall.Kill(c.Pids[1], syscall.SIGKILL) })
 	resp, err := http.Get(base + "/health")
 	if err != nil {
 		t.Fatal(err)
@@ -130,6 +137,75 @@ func TestOpenAIClient(t *testing.T) {
 	resp.Body.Close()
 	if (resp.StatusCode != 502 && resp.StatusCode != 503) || strings.Contains(string(body), "127.0.0.1") {
 		t.Errorf("a request with hop 1 dead: %d %s", resp.StatusCode, body)
+	}
+}
+
+// streamsSurvive runs 4 streamed completions through the API at base and
+// calls kill once each has had 5 tokens: each must still end with all
+// its tokens and finish_reason length.
+func streamsSurvive(t *testing.T, base string, kill func()) {
+	const streams, n = 4, 40
+	var wg, started sync.WaitGroup
+	started.Add(streams)
+	errs := make([]error, streams)
+	for k := range streams {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"prompt": "Story %d: once upon a time", "max_tokens": %d, "temperature": 0, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}}`, k, n)
+			resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				errs[k] = err
+				started.Done()
+				return
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			chunks, finish, usage, once := 0, "", 0, sync.Once{}
+			for sc.Scan() {
+				data, ok := strings.CutPrefix(sc.Text(), "data: ")
+				if !ok || data == "[DONE]" {
+					continue
+				}
+				var ch struct {
+					Choices []struct {
+						Text         string  `json:"text"`
+						FinishReason *string `json:"finish_reason"`
+					} `json:"choices"`
+					Usage *struct {
+						CompletionTokens int `json:"completion_tokens"`
+					} `json:"usage"`
+					Error any `json:"error"`
+				}
+				if json.Unmarshal([]byte(data), &ch) != nil || ch.Error != nil {
+					errs[k] = fmt.Errorf("stream %d: %s", k, data)
+					break
+				}
+				if ch.Usage != nil {
+					usage = ch.Usage.CompletionTokens
+				}
+				for _, c := range ch.Choices {
+					if c.Text != "" {
+						if chunks++; chunks == 5 {
+							once.Do(started.Done)
+						}
+					}
+					if c.FinishReason != nil {
+						finish = *c.FinishReason
+					}
+				}
+			}
+			once.Do(started.Done)
+			if errs[k] == nil && (finish != "length" || usage != n) {
+				errs[k] = fmt.Errorf("stream %d: finish %q, %d tokens", k, finish, usage)
+			}
+		})
+	}
+	started.Wait()
+	kill()
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/route"
 )
 
@@ -155,5 +157,106 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not reached within a minute")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// serveProc starts `shardd serve` with args and returns the process and
+// its address; the process is killed when the test ends.
+func serveProc(t *testing.T, bin string, args ...string) (*exec.Cmd, string, chan struct{}) {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"serve", "--listen", "127.0.0.1:0", "--threads", "1", "--log-level", "warn"}, args...)...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "shardd: listening on "); ok {
+				addrc <- a
+			}
+		}
+		cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+	select {
+	case a := <-addrc:
+		return cmd, a, exited
+	case <-time.After(2 * time.Minute):
+		t.Fatal("serve did not listen")
+	}
+	return nil, "", nil
+}
+
+// A drain with a standby: SIGTERM on hop 1's worker mid-generation. With
+// --drain-handoff the generation moves to the standby and the worker
+// exits while it goes on; without, the worker finishes the generation
+// first. Both generations complete.
+func TestDrainHandoff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds shardd and runs real workers")
+	}
+	dir := t.TempDir()
+	bin, model := buildShardd(t, dir), tinyModel(t, dir)
+	shards, err := gguf.Split(model, gguf.EvenRanges(6, 2), dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, handoff := range []bool{true, false} {
+		t.Run(fmt.Sprintf("handoff=%v", handoff), func(t *testing.T) {
+			_, hop0, _ := serveProc(t, bin, "--model", shards[0])
+			args := []string{"--model", shards[1], "--drain-timeout", "60s"}
+			if handoff {
+				args = append(args, "--drain-handoff")
+			}
+			worker, hop1, exited := serveProc(t, bin, args...)
+			_, standby, _ := serveProc(t, bin, "--model", shards[1])
+			r, err := route.Dial(context.Background(), []string{hop0, hop1}, route.Options{StepTimeout: 20 * time.Second,
+				Alternates: [][]string{nil, {standby}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			const n = 300
+			var got int
+			var signalled, exitedAt time.Time
+			var exitedDuring bool
+			start := time.Now()
+			st, err := r.Generate(context.Background(), route.Request{Prompt: []int32{1, 2, 3}, MaxTokens: n}, func(int32) error {
+				got++
+				if got == 20 {
+					signalled = time.Now()
+					worker.Process.Signal(syscall.SIGTERM)
+				}
+				select {
+				case <-exited:
+					if exitedAt.IsZero() {
+						exitedAt, exitedDuring = time.Now(), true
+					}
+				default:
+				}
+				time.Sleep(5 * time.Millisecond) // a generation that outlasts a drain
+				return nil
+			})
+			end := time.Now()
+			if err != nil || got != n {
+				t.Fatalf("%d of %d tokens: %v", got, n, err)
+			}
+			<-exited
+			if exitedAt.IsZero() {
+				exitedAt = time.Now()
+			}
+			t.Logf("drain took %v (generation %v, signalled at %v); failovers %q",
+				exitedAt.Sub(signalled).Round(time.Millisecond), end.Sub(start).Round(time.Millisecond), signalled.Sub(start).Round(time.Millisecond), st.Failovers)
+			if handoff != exitedDuring || handoff != (len(st.Failovers) == 1) {
+				t.Errorf("handoff %v: the worker exited during the generation: %v; failovers %q", handoff, exitedDuring, st.Failovers)
+			}
+		})
 	}
 }

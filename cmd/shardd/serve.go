@@ -126,6 +126,7 @@ func parseServe(args []string) (*serveConfig, error) {
 	boundary := fs.String("boundary", "bf16", "dtype of hidden states sent to the next shard: bf16 (the contract's canonical; bitwise the whole model rounded where the route rounds, see verify) or f32 (bitwise the unrounded whole model); bitwise for a session alone, or under any load with --deterministic")
 	fs.BoolVar(&e.RequireChecksum, "require-checksum", true, "refuse tensors without a CRC32C")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "how long a drain waits for open sessions and queued work")
+	fs.BoolVar(&e.DrainHandoff, "drain-handoff", false, "on a drain, refuse the open sessions' further steps too (retryable, Health DRAINING), so heads with a standby for this hop move them there and the worker exits once their streams close; for routes that all have standbys")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	c.tel = addTelemetryFlags(fs)
 	gpuLayers := fs.String("gpu-layers", "0", "put this many of the shard's layers (from its last), and their KV cache, on a GPU; 'all': every layer and the output layer. Needs a GPU build (make build-cuda); 0: CPU only")
