@@ -71,7 +71,7 @@ func StartWorkers(ctx context.Context, bin, logDir string, specs []WorkerSpec) (
 	return c, nil
 }
 
-func (c *Cluster) start(ctx context.Context, bin, logDir string, s WorkerSpec, listen string) (addr, metrics, logPath string, err error) {
+func (c *Cluster) start(ctx context.Context, bin, logDir string, s WorkerSpec, listen string, extra ...string) (addr, metrics, logPath string, err error) {
 	args := []string{"serve", "--model", s.Model, "--listen", listen, "--instance", s.Name}
 	if s.Threads > 0 {
 		args = append(args, "--threads", strconv.Itoa(s.Threads))
@@ -79,7 +79,7 @@ func (c *Cluster) start(ctx context.Context, bin, logDir string, s WorkerSpec, l
 	if s.SpanFile != "" {
 		args = append(args, "--traces", "file:"+s.SpanFile)
 	}
-	args = append(args, s.Args...)
+	args = append(append(args, s.Args...), extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	// Spans reach the file within 200 ms of ending, so a run can read its
@@ -163,10 +163,15 @@ func (c *Cluster) Kill(i int) {
 	<-c.done[i]
 }
 
-// Restart starts worker i again on its address (after Kill).
+// Restart starts worker i again on its address, and its metrics on
+// theirs (after Kill).
 func (c *Cluster) Restart(ctx context.Context, i int) error {
 	n := len(c.procs)
-	_, _, _, err := c.start(ctx, c.bin, c.logDir, c.specs[i], c.Addrs[i])
+	var extra []string
+	if c.Metrics[i] != "" {
+		extra = []string{"--metrics-listen", c.Metrics[i]}
+	}
+	_, _, _, err := c.start(ctx, c.bin, c.logDir, c.specs[i], c.Addrs[i], extra...)
 	if err != nil {
 		return err
 	}

@@ -90,8 +90,12 @@ type soakConfig struct {
 	Seed      uint64
 	MaxTokens int
 	Dir       string
-	Faults    bool     // SHARDD_SOAK_FAULTS=off runs the load alone
-	Args      []string // SHARDD_SOAK_ARGS: more serve flags, after the soak's
+	Faults    bool // SHARDD_SOAK_FAULTS=off runs the load alone
+	// Kills: each hop has a standby, and every 15-25 s the worker the head
+	// uses for a hop is killed (SIGKILL) and started again 5 s later
+	// (SHARDD_SOAK_KILLS=off: no standbys, no kills).
+	Kills bool
+	Args  []string // SHARDD_SOAK_ARGS: more serve flags, after the soak's
 	// Exact: the workers run --deterministic (in Args), and the head
 	// replays lost sessions, so every completed generation must be the
 	// whole model's bitwise: no drift is allowed.
@@ -108,7 +112,8 @@ func soakConfigFromEnv(t *testing.T) soakConfig {
 		t.Fatalf("SHARDD_SOAK=%q: want a positive duration", spec)
 	}
 	cfg := soakConfig{Duration: d, Sessions: 256, Seed: 1, MaxTokens: 48, Dir: os.Getenv("SHARDD_SOAK_DIR"),
-		Faults: os.Getenv("SHARDD_SOAK_FAULTS") != "off", Args: strings.Fields(os.Getenv("SHARDD_SOAK_ARGS"))}
+		Faults: os.Getenv("SHARDD_SOAK_FAULTS") != "off", Args: strings.Fields(os.Getenv("SHARDD_SOAK_ARGS")),
+		Kills: os.Getenv("SHARDD_SOAK_KILLS") != "off"}
 	cfg.Exact = slices.Contains(cfg.Args, "--deterministic")
 	if v := os.Getenv("SHARDD_SOAK_SESSIONS"); v != "" {
 		if cfg.Sessions, err = strconv.Atoi(v); err != nil || cfg.Sessions < 1 {
@@ -147,6 +152,8 @@ type soakReport struct {
 	Retries      int64            `json:"retries"`
 	Faults       map[string]int64 `json:"faults"`
 	ProxyResets  int64            `json:"proxy_resets"`
+	Kills        int64            `json:"kills"`
+	Failovers    int64            `json:"failovers"`
 	Workers      []soakWorker     `json:"workers"`
 	WrongSamples []string         `json:"wrong,omitempty"`
 }
@@ -336,7 +343,7 @@ type soakTally struct {
 	maxDrift   float64
 	maxFlip    float64
 
-	tokens, checked, exact, drifted, recoveries, retries atomic.Int64
+	tokens, checked, exact, drifted, recoveries, retries, failovers atomic.Int64
 }
 
 func (s *soakTally) add(m map[string]int64, k string) {
@@ -361,6 +368,10 @@ func errorKind(err error) (string, bool) {
 		return "bad response", false
 	case errors.Is(err, route.ErrUnreachable):
 		return "unreachable", true
+	case errors.Is(err, route.ErrHopFailed):
+		// A hop's worker and its standby both out at once: one killed,
+		// the other behind a stalled or reset proxy.
+		return "hop failed", true
 	case errors.Is(err, route.ErrStateLost):
 		return "state lost", true
 	case errors.Is(err, context.DeadlineExceeded):
@@ -382,6 +393,35 @@ func errorKind(err error) (string, bool) {
 }
 
 var errAbandon = errors.New("soak: the head abandons the generation")
+
+// soakKills kills, every 15-25 s until stop, the worker the head uses now
+// for a hop drawn at random (SIGKILL), and starts it again on its address
+// 5 s later: the head fails over to the hop's other worker, and back to
+// this one when that one is killed in turn.
+func soakKills(ctx context.Context, cfg soakConfig, head *route.Route, cl *load.Cluster, via []string, stop chan struct{}, rep *soakReport) {
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x4b11))
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(15000+rng.IntN(10000)) * time.Millisecond):
+		}
+		hop := rng.IntN(2)
+		idx := slices.Index(via, head.Current()[hop].Addr)
+		if idx < 0 {
+			continue
+		}
+		cl.Kill(idx)
+		atomic.AddInt64(&rep.Kills, 1)
+		select {
+		case <-stop:
+		case <-time.After(5 * time.Second):
+		}
+		if err := cl.Restart(ctx, idx); err != nil {
+			panic(fmt.Sprintf("soak: restarting a killed worker: %v", err))
+		}
+	}
+}
 
 func TestSoak(t *testing.T) {
 	cfg := soakConfigFromEnv(t)
@@ -413,6 +453,11 @@ func TestSoak(t *testing.T) {
 	for i, sh := range shards {
 		specs = append(specs, load.WorkerSpec{Model: sh, Name: fmt.Sprintf("soak-w%d", i), Threads: 1, Args: args})
 	}
+	if cfg.Kills {
+		for i, sh := range shards {
+			specs = append(specs, load.WorkerSpec{Model: sh, Name: fmt.Sprintf("soak-w%d-standby", i), Threads: 1, Args: args})
+		}
+	}
 	cl, err := load.StartWorkers(ctx, bin, cfg.Dir, specs)
 	if err != nil {
 		t.Fatal(err)
@@ -429,7 +474,11 @@ func TestSoak(t *testing.T) {
 		proxies = append(proxies, p)
 		via = append(via, p.Addr())
 	}
-	head, err := route.Dial(ctx, via, route.Options{StepTimeout: 3 * time.Second, PrefillChunk: soakChunk, ReplayRecovery: cfg.Exact})
+	ro := route.Options{StepTimeout: 3 * time.Second, PrefillChunk: soakChunk, ReplayRecovery: cfg.Exact}
+	if cfg.Kills {
+		ro.Alternates = [][]string{{via[2]}, {via[3]}}
+	}
+	head, err := route.Dial(ctx, via[:2], ro)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -491,6 +540,11 @@ func TestSoak(t *testing.T) {
 			faultMu.Lock()
 			rep.Faults[kind]++
 			faultMu.Unlock()
+		}
+	})
+	bg.Go(func() { // kills
+		if cfg.Kills {
+			soakKills(ctx, cfg, head, cl, via, stopFaults, &rep)
 		}
 	})
 	rss := make([][]float64, len(cl.Metrics))      // samples after warm-up
@@ -570,7 +624,7 @@ func TestSoak(t *testing.T) {
 			t.Errorf("%s after the soak: %v", specs[i].Name, err)
 		}
 	}
-	direct, err := route.Dial(ctx, cl.Addrs, route.Options{StepTimeout: 30 * time.Second})
+	direct, err := route.Dial(ctx, cl.Addrs[:2], route.Options{StepTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatalf("dial after the soak: %v", err)
 	}
@@ -596,7 +650,7 @@ func TestSoak(t *testing.T) {
 	unexpected := tally.unexpected
 	tally.mu.Unlock()
 	rep.Tokens, rep.Checked, rep.Exact, rep.Drifted = tally.tokens.Load(), tally.checked.Load(), tally.exact.Load(), tally.drifted.Load()
-	rep.Recoveries, rep.Retries = tally.recoveries.Load(), tally.retries.Load()
+	rep.Recoveries, rep.Retries, rep.Failovers = tally.recoveries.Load(), tally.retries.Load(), tally.failovers.Load()
 	js, _ := json.MarshalIndent(rep, "", "  ")
 	t.Logf("soak report:\n%s", js)
 	if err := os.WriteFile(filepath.Join(cfg.Dir, "soak.json"), js, 0o644); err != nil {
@@ -608,8 +662,8 @@ func TestSoak(t *testing.T) {
 	if len(unexpected) > 0 {
 		t.Errorf("%d errors no fault explains, e.g. %s", len(unexpected), unexpected[0])
 	}
-	if rep.Checked == 0 || rep.Faults["reset mid-message"] == 0 || rep.ProxyResets == 0 {
-		t.Errorf("the soak did not exercise what it claims: %d checked generations, %d resets", rep.Checked, rep.ProxyResets)
+	if rep.Checked == 0 || (cfg.Faults && (rep.Faults["reset mid-message"] == 0 || rep.ProxyResets == 0)) || (cfg.Kills && (rep.Kills == 0 || rep.Failovers == 0)) {
+		t.Errorf("the soak did not exercise what it claims: %d checked generations, %d resets, %d kills, %d failovers", rep.Checked, rep.ProxyResets, rep.Kills, rep.Failovers)
 	}
 }
 
@@ -668,6 +722,7 @@ func soakOne(ctx context.Context, rng *rand.Rand, head *route.Route, whole *whol
 	})
 	tally.tokens.Add(int64(len(got)))
 	tally.recoveries.Add(int64(st.Recoveries))
+	tally.failovers.Add(int64(len(st.Failovers)))
 	tally.retries.Add(int64(st.Retries))
 	if err != nil {
 		k, ok := errorKind(err)
