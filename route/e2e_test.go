@@ -194,12 +194,15 @@ func TestRouteSurvivesWorkerRestart(t *testing.T) {
 }
 
 // nearTie is how far below the model's best logit a route's greedy token
-// may be: the tiny preset's logits span about 6, rounding its residual
-// stream to bf16 at a boundary moves them by up to 0.011 (measured over
-// 384 positions of 12 prompts), and a recovery's re-prefill and a batch's
-// composition change the order of a few sums. 1-2% of its positions have
-// a best and second best closer than that.
-const nearTie = 0.05
+// may be, for logits that span nearTieSpan (the tiny preset's): rounding
+// its residual stream to bf16 at a boundary moves them by up to 0.011
+// (measured over 384 positions of 12 prompts), and a recovery's
+// re-prefill and a batch's composition change the order of a few sums.
+// 1-2% of its positions have a best and second best closer than that. A
+// model whose logits span more moves them more in proportion (SmolLM2's
+// span about 25-40: a failover's re-prefill moved one by 0.099), so the
+// bound is nearTie x span / nearTieSpan of the row.
+const nearTie, nearTieSpan = 0.05, 6.0
 
 // checkGreedy requires each of a route's greedy tokens after prompt to be
 // the whole model's best given the route's own prefix (verify.Forced,
@@ -213,6 +216,13 @@ const nearTie = 0.05
 // exact claim is TestDeterministicRoute's.
 func checkGreedy(t *testing.T, model string, prompt, got []int32, roundAfter ...int) {
 	t.Helper()
+	checkGreedyTies(t, model, prompt, got, 2, 1, roundAfter...)
+}
+
+// checkGreedyTies is checkGreedy allowing maxTies near ties, each within
+// scale times the near-tie bound.
+func checkGreedyTies(t *testing.T, model string, prompt, got []int32, maxTies int, scale float32, roundAfter ...int) {
+	t.Helper()
 	logits, err := verify.Forced(model, prompt, got, 2, roundAfter...)
 	if err != nil {
 		t.Fatal(err)
@@ -220,16 +230,17 @@ func checkGreedy(t *testing.T, model string, prompt, got []int32, roundAfter ...
 	ties := 0
 	for i, l := range logits {
 		best := slices.Max(l)
+		tie := scale * nearTie * max(best-slices.Min(l), nearTieSpan) / nearTieSpan
 		switch below := best - l[got[i]]; {
 		case below == 0:
-		case below <= nearTie:
+		case below <= tie:
 			ties++
-			t.Logf("token %d (%d) is %.4f below the best: a near tie", i, got[i], below)
+			t.Logf("token %d (%d) is %.4f below the best, within %.3f (the row spans %.1f): a near tie", i, got[i], below, tie, best-slices.Min(l))
 		default:
-			t.Fatalf("token %d (%d) is %.4f below the model's best given the route's prefix %v", i, got[i], below, got[:i])
+			t.Fatalf("token %d (%d) is %.4f below the model's best (near tie: %.3f) given the route's prefix %v", i, got[i], below, tie, got[:i])
 		}
 	}
-	if ties > 2 {
+	if ties > maxTies {
 		t.Fatalf("%d near ties in %d tokens", ties, len(got))
 	}
 }

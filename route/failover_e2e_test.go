@@ -24,7 +24,7 @@ var failoverPrompts = []string{
 // 32 concurrent generations of 64 tokens through a 2-hop route of SmolLM2
 // with one standby per hop; hop 1's worker is killed (SIGKILL) 3 s in.
 // Every generation completes. At an f32 boundary each token is the whole
-// model's best given its prefix, near ties aside (checkGreedy); with
+// model's best given its prefix, near ties aside (checkGreedyTies); with
 // --deterministic workers and ReplayRecovery each generation is bitwise
 // its uninterrupted run.
 func TestFailoverRealModel(t *testing.T) {
@@ -95,7 +95,19 @@ func TestFailoverRealModel(t *testing.T) {
 				case exact && !slices.Equal(got[g], want[g]):
 					t.Errorf("generation %d (failovers %q): %v, uninterrupted %v", g, stats[g].Failovers, got[g], want[g])
 				case !exact && len(got[g]) == n:
-					checkGreedy(t, model, prompts[g%len(prompts)], got[g])
+					// After a re-prefill the generation computes on KV built
+					// in one batch rather than step by step (other kernels
+					// for Q4_1 rows in a batch): its logits moved by up to
+					// 0.35 of a 39 span (0.9%) in the runs measured, twice
+					// the batching alone; and past the answer's end (the
+					// generations run 64 tokens whatever the model says)
+					// SmolLM2's distributions are flat, so near ties come
+					// more often than the 2 a generation of the tiny preset
+					// is allowed. Hence twice the near-tie bound and n/8
+					// ties. A wrong state (KV of another session, a wrong
+					// position) puts tokens units below the best; the exact
+					// run below is the bitwise claim.
+					checkGreedyTies(t, model, prompts[g%len(prompts)], got[g], n/8, 2)
 				}
 			}
 			if moved == 0 {

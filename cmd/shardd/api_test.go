@@ -66,7 +66,7 @@ func TestOpenAIClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	line := startLine(t, bin, "shardd api: listening on ", "api", "--route", routeFlag, "--tokenizer", shards[0],
-		"--listen", "127.0.0.1:0", "--api-keys", keys, "--max-inflight", "1", "--max-queue", "1", "--model-id", "smollm2")
+		"--listen", "127.0.0.1:0", "--api-keys", keys, "--max-inflight", "1", "--max-queue", "1", "--model-id", "smollm2", "--step-timeout", "5s")
 	base, _, _ := strings.Cut(line, " ")
 
 	t.Run("openai", func(t *testing.T) {
