@@ -93,21 +93,17 @@ func (r *Route) replace(ctx context.Context, i int, failed *Hop, cause error) (*
 		if err != nil {
 			return nil, err
 		}
-		h, err := r.dialHop(ctx, addr, min(r.opts.StepTimeout, 5*time.Second))
+		h, err := r.pooled(ctx, addr)
 		if err == nil {
 			err = r.fits(i, h)
 		}
 		if err != nil {
-			if h != nil {
-				h.close()
-			}
 			r.failed[addr], last, cause = time.Now(), addr, err
 			continue
 		}
 		cur := slices.Clone(r.cur)
 		cur[i] = h
 		r.cur = cur
-		r.dialled = append(r.dialled, h)
 		return h, nil
 	}
 	return nil, fmt.Errorf("%w: hop %d: %d replacements tried", ErrNoReplacement, i, maxReplaceTries)
@@ -140,19 +136,78 @@ func (r *Route) pick(ctx context.Context, i int, failed string, cause error) (st
 }
 
 // serving asks the worker at addr for its health, within probeTimeout.
+// Called with r.mu held.
 func (r *Route) serving(ctx context.Context, addr string) bool {
-	h, err := r.connect(addr)
-	if err != nil {
-		return false
+	h, ok := r.pool[addr]
+	if !ok {
+		var err error
+		if h, err = r.connect(addr); err != nil {
+			return false
+		}
+		r.pool[addr] = h
 	}
-	defer h.close()
 	return h.health(ctx) == nil
+}
+
+// pooled returns the pool's hop for addr with its report read again (a
+// worker that came back may run another build), or connects one. Called
+// with r.mu held.
+func (r *Route) pooled(ctx context.Context, addr string) (*Hop, error) {
+	timeout := min(r.opts.StepTimeout, 5*time.Second)
+	h, ok := r.pool[addr]
+	if !ok {
+		var err error
+		if h, err = r.dialHop(ctx, addr, timeout); h != nil {
+			r.pool[addr] = h
+		}
+		return h, err
+	}
+	c, err := h.capability(ctx, timeout)
+	if err != nil {
+		return nil, err
+	}
+	if h.Capability == nil {
+		h.Capability = c
+	}
+	h.current.Store(newHopState(c))
+	return h, nil
+}
+
+// dialStandbys connects the standbys at Dial and reads their reports
+// (within a second each): a standby that does not answer, or does not
+// serve its hop, is marked failed (tried again once it answers SERVING).
+func (r *Route) dialStandbys(ctx context.Context) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, alts := range r.opts.Alternates {
+		if i >= len(r.Hops) {
+			break
+		}
+		for _, a := range alts {
+			if _, ok := r.pool[a]; ok {
+				continue
+			}
+			h, err := r.connect(a)
+			if err != nil {
+				r.failed[a] = time.Now()
+				continue
+			}
+			r.pool[a] = h
+			if h.Capability, err = h.capability(ctx, probeTimeout); err == nil {
+				h.current.Store(newHopState(h.Capability))
+				err = r.fits(i, h)
+			}
+			if err != nil {
+				r.failed[a] = time.Now()
+			}
+		}
+	}
 }
 
 // fits requires h to serve hop i: validated, the route's model and the
 // hop's layer range.
 func (r *Route) fits(i int, h *Hop) error {
-	want, c := r.Hops[i].Capability, h.Capability
+	want, c := r.Hops[i].Capability, h.Current()
 	switch {
 	case !c.GetValidated():
 		return fmt.Errorf("%w: %s is not validated", ErrRoute, h.Addr)

@@ -193,8 +193,10 @@ type Route struct {
 	cur []*Hop
 	// failed are the addresses whose workers failed, and when.
 	failed map[string]time.Time
-	// dialled are the replacements connected, closed with the route.
-	dialled []*Hop
+	// pool holds a hop per address connected (the route's and the
+	// standbys'), reused when a failover returns to an address, and closed
+	// with the route: connections stay bounded by the addresses.
+	pool map[string]*Hop
 }
 
 // Current is the route's hops now: those dialled, with failed ones
@@ -275,11 +277,12 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 	if opts.BusyTimeout == 0 {
 		opts.BusyTimeout = 5 * time.Minute
 	}
-	r := &Route{opts: opts, failed: map[string]time.Time{}}
+	r := &Route{opts: opts, failed: map[string]time.Time{}, pool: map[string]*Hop{}}
 	for _, addr := range addrs {
 		h, err := r.dialHop(ctx, addr, opts.StepTimeout)
 		if h != nil {
 			r.Hops = append(r.Hops, h)
+			r.pool[addr] = h
 		}
 		if err != nil {
 			r.Close()
@@ -287,6 +290,7 @@ func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {
 		}
 	}
 	r.cur = slices.Clone(r.Hops)
+	r.dialStandbys(ctx)
 	if err := r.check(); err != nil {
 		r.Close()
 		return nil, err
@@ -394,7 +398,7 @@ func (r *Route) Health(ctx context.Context) error {
 func (r *Route) Close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, h := range slices.Concat(r.Hops, r.dialled) {
+	for _, h := range r.pool {
 		h.close()
 	}
 }
