@@ -1,6 +1,7 @@
 package route
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,17 +24,25 @@ import (
 // every generation from then on; the failed address is tried again only
 // after a health check says SERVING.
 //
-// The generation that saw the failure moves to epoch + 1 on every hop:
-// the replacement holds nothing of it, and a newer epoch makes each other
-// worker drop the session's old state (engine: a newer epoch supersedes),
-// so everything fed so far is prefilled again from position 0 through
-// every hop, under the same route session id, as after a CACHE_MISS
-// (with Options.ReplayRecovery in the shapes it was built in, so that
-// with --deterministic workers of one recipe the tokens after a failover
-// are those of an uninterrupted run). The workers' prefix caches answer
-// the part of it they hold. Re-prefilling only the replaced hop from the
-// inputs it had would spare the others; it is not done (README,
-// "Surviving worker failures").
+// Which hops re-prefill. The head keeps, for the session's units of work
+// since its last prefill from position 0, the input it sent each hop
+// (token ids to the first, the previous hop's hidden states to the
+// others; up to maxHistoryBytes a generation). The replacement alone
+// moves to epoch + 1 and gets the session by replaying those inputs to
+// it, unit by unit in their original shapes; the unit that failed is then
+// sent to it, and the generation goes on. The other hops keep their
+// sessions: their inputs did not change. With Options.ReplayRecovery the
+// replacement's outputs must equal, bit for bit, what the hop after it
+// was sent (a worker of the same recipe in --deterministic mode computes
+// them so), and the tokens after the failover are those of an
+// uninterrupted run; where they differ, or the history was dropped, or
+// the replay fails, every hop moves to epoch + 1 (a newer epoch makes a
+// worker drop the session's old state) and everything fed so far is
+// prefilled again from position 0, under the same route session id, as
+// after a CACHE_MISS; the workers' prefix caches answer what they hold.
+// Without ReplayRecovery the replacement's outputs may differ from the
+// failed worker's in their last bits (batching), and the later hops keep
+// state computed from the old ones: as close as any batched run.
 
 // ErrHopFailed: a hop's worker is gone (HopDownError).
 var ErrHopFailed = errors.New("route: a hop's worker failed")
@@ -250,12 +259,60 @@ func (g *gen) down(i int, cause error) error {
 	return nil
 }
 
-// failover replaces failed hop i (err a HopDownError) and moves the
-// generation to a new epoch on every hop, its streams reopened; it
-// returns errCacheMiss, on which the caller prefills everything fed so
-// far again, or the failure when the hop cannot be replaced.
+// failover replaces failed hop i (err a HopDownError) and restarts every
+// hop at a new epoch (restartAll): errCacheMiss, on which the caller
+// prefills everything fed so far again; or the failure when the hop
+// cannot be replaced.
 func (g *gen) failover(i int, err error) error {
-	if !g.r.canFailover() || g.ctx.Err() != nil {
+	if err := g.replaceHop(i, err); err != nil {
+		return err
+	}
+	return g.restartAll()
+}
+
+// failoverHop replaces failed hop i (err a HopDownError) and replays the
+// session's history to the replacement alone; nil when it holds the
+// session as the failed worker did, so the unit in flight can go to it.
+// Otherwise it restarts every hop (errCacheMiss), or returns the failure.
+func (g *gen) failoverHop(i int, err error) error {
+	if g.noHist {
+		return g.failover(i, err)
+	}
+	if err := g.replaceHop(i, err); err != nil {
+		return err
+	}
+	g.epoch++
+	g.closeStream(i)
+	if err := g.openBusy(i); err != nil {
+		if down := g.openFailed(i, err); down != nil && len(g.stats.Failovers) < maxFailovers {
+			return g.failoverHop(i, down)
+		}
+		return err
+	}
+	g.stats.Recoveries++
+	for _, u := range g.hist {
+		out, err := g.call(i, g.request(i, u))
+		var down *HopDownError
+		switch {
+		case errors.As(err, &down) && len(g.stats.Failovers) < maxFailovers:
+			return g.failoverHop(i, err)
+		case err != nil:
+			return g.restartAll()
+		case g.r.opts.ReplayRecovery && i < len(g.streams)-1 && !sameTensor(out, u.in[i+1]):
+			// Not the bits the next hop was sent: bitwise continuation
+			// needs every hop rebuilt.
+			return g.restartAll()
+		}
+	}
+	return nil
+}
+
+// replaceHop puts a replacement in failed hop i's place for this
+// generation (and the route), counting it in Stats.Failovers and
+// declaring a recipe change; err is the failure, returned when the hop
+// cannot be replaced.
+func (g *gen) replaceHop(i int, err error) error {
+	if !g.r.canFailover() || g.ctx.Err() != nil || len(g.stats.Failovers) >= maxFailovers {
 		return err
 	}
 	old := g.hops[i]
@@ -266,24 +323,91 @@ func (g *gen) failover(i int, err error) error {
 	g.hops[i] = h
 	g.stats.Failovers = append(g.stats.Failovers, fmt.Sprintf("hop %d: %s -> %s", i, old.Addr, h.Addr))
 	if h.Recipe() != old.Recipe() {
-		if cerr := g.declareRecipe(h, old.Current()); cerr != nil {
-			return cerr
-		}
+		return g.declareRecipe(h, old.Current())
 	}
+	return nil
+}
+
+// restartAll moves the generation to a new epoch on every hop, its
+// streams reopened, and returns errCacheMiss: the caller prefills
+// everything fed so far again.
+func (g *gen) restartAll() error {
 	g.epoch++
-	for j, s := range g.streams {
-		if s != nil {
-			s.watchdog.Stop()
-			s.cancel()
-			s.recycle()
-			g.streams[j] = nil
-		}
+	for j := range g.streams {
+		g.closeStream(j)
 	}
-	if oerr := g.openAll(); oerr != nil {
-		return oerr
+	if err := g.openAll(); err != nil {
+		return err
 	}
 	g.chunk = g.chunkSize()
 	return errCacheMiss
+}
+
+// closeStream ends hop i's stream (the worker's session state, if it
+// lives, is superseded by the next epoch or expires).
+func (g *gen) closeStream(i int) {
+	if s := g.streams[i]; s != nil {
+		s.watchdog.Stop()
+		s.cancel()
+		s.recycle()
+		g.streams[i] = nil
+	}
+}
+
+// unit is one unit of work as the hops were sent it: a prefill chunk or
+// a decode step, and each hop's input.
+type unit struct {
+	step     uint64
+	first, n int
+	mode     shardv1.CacheMode
+	info     *shardv1.ChunkInfo
+	in       []*shardv1.NamedTensor
+}
+
+// maxHistoryBytes bounds the inputs a generation keeps for failovers;
+// past it, a failover restarts every hop.
+const maxHistoryBytes = 64 << 20
+
+// remember keeps unit u, run through every hop, in the history: its
+// inputs are copied, for the hidden states alias receive buffers that the
+// next exchange reuses.
+func (g *gen) remember(u *unit) {
+	if g.noHist || !g.r.canFailover() {
+		return
+	}
+	for i, t := range u.in {
+		c := t.CloneVT()
+		for _, f := range c.Fragments {
+			g.histBytes += len(f.Payload)
+		}
+		u.in[i] = c
+	}
+	if g.histBytes > maxHistoryBytes {
+		g.noHist, g.hist = true, nil
+		return
+	}
+	g.hist = append(g.hist, u)
+}
+
+// forget drops the history: the session is prefilled from position 0.
+func (g *gen) forget() {
+	g.hist, g.histBytes = g.hist[:0], 0
+}
+
+// sameTensor reports whether a hop's output is bit for bit the tensor
+// the next hop was sent (dtype, shape, and every fragment's bytes).
+func sameTensor(out []*shardv1.NamedTensor, want *shardv1.NamedTensor) bool {
+	if len(out) != 1 || out[0].GetDtype() != want.GetDtype() || !slices.Equal(out[0].GetShape(), want.GetShape()) ||
+		len(out[0].GetFragments()) != len(want.GetFragments()) {
+		return false
+	}
+	for j, f := range out[0].GetFragments() {
+		w := want.GetFragments()[j]
+		if f.GetByteOffset() != w.GetByteOffset() || !bytes.Equal(f.GetPayload(), w.GetPayload()) {
+			return false
+		}
+	}
+	return true
 }
 
 // maxFailovers bounds the failovers of one generation.

@@ -71,19 +71,22 @@ func TestFailover(t *testing.T) {
 		{name: "hop 1 mid-decode", hop: 1, afterToks: 4},
 		{name: "hop 0 mid-decode", hop: 0, afterToks: 7},
 		{name: "hop 1 mid-decode, replayed", hop: 1, afterToks: 5, replay: true},
+		{name: "hop 0 mid-decode, replayed", hop: 0, afterToks: 6, replay: true},
 		{name: "hop 0 mid-prefill", hop: 0, prefill: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			addrs, stops := standbyRoute(t, 1)
 			var once sync.Once
-			var armed atomic.Bool // the uninterrupted run first
-			kill := func() { once.Do(stops[c.hop][0]) }
+			var armed, killed atomic.Bool  // the uninterrupted run first
+			var otherPrefills atomic.Int32 // prefill steps on the other hop after the kill
+			kill := func() { once.Do(func() { stops[c.hop][0](); killed.Store(true) }) }
 			opts := Options{PrefillChunk: 3, ReplayRecovery: c.replay}
-			if c.prefill {
-				opts.Observe = func(s StepSample) {
-					if armed.Load() && s.Hop == len(addrs)-1 && !s.Decode {
-						kill()
-					}
+			opts.Observe = func(s StepSample) {
+				if c.prefill && armed.Load() && s.Hop == len(addrs)-1 && !s.Decode {
+					kill()
+				}
+				if killed.Load() && s.Hop != c.hop && !s.Decode {
+					otherPrefills.Add(1)
 				}
 			}
 			r := dialStandby(t, addrs, opts)
@@ -105,6 +108,11 @@ func TestFailover(t *testing.T) {
 			}
 			if len(st.Failovers) != 1 || !strings.Contains(st.Failovers[0], addrs[c.hop][1]) || st.Recoveries != 1 {
 				t.Errorf("failovers %q, %d recoveries; want one onto %s", st.Failovers, st.Recoveries, addrs[c.hop][1])
+			}
+			if !c.prefill && otherPrefills.Load() != 0 {
+				// Only the replacement replays the session; the other hop's
+				// inputs did not change, and it keeps its session.
+				t.Errorf("the hop not replaced ran %d prefill steps after the kill, want none", otherPrefills.Load())
 			}
 			if cur := r.Current()[c.hop].Addr; cur != addrs[c.hop][1] {
 				t.Errorf("hop %d is %s after the failover, want the standby %s", c.hop, cur, addrs[c.hop][1])

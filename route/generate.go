@@ -98,8 +98,11 @@ type Stats struct {
 type hopStream struct {
 	hop *Hop
 	// opened is the hop's report the stream was opened with: its
-	// fingerprint and range go in every envelope.
+	// fingerprint and range go in every envelope; epoch is the route
+	// epoch it was opened at (a hop failed over alone moves to a newer
+	// one than the others').
 	opened *shardv1.CapabilityReport
+	epoch  uint64
 	stream grpc.BidiStreamingClient[shardv1.SessionRequest, shardv1.SessionResponse]
 	cancel context.CancelFunc
 	limits *shardv1.FlowControl
@@ -171,10 +174,10 @@ type gen struct {
 	chunk   int
 	// Compact output (Options.CompactLogits): topK is the K asked for
 	// (0: whole rows), sent to the last hop as topKTensor beside its input
-	// (hopIn); topIDs and topVals hold the last row's answer.
+	// beside its input (request); topIDs and topVals hold the last row's
+	// answer.
 	topK       int
 	topKTensor *shardv1.NamedTensor
-	hopIn      []*shardv1.NamedTensor
 	// lenTensor tells every hop, with the prefill chunk at position 0, how
 	// long the session will grow (prompt + MaxTokens): workers reserve the
 	// KV for it at admission (session_tokens).
@@ -184,6 +187,13 @@ type gen struct {
 	// promptLen: the prompt's tokens, which a replayed recovery prefills
 	// before it feeds the rest one decode step each.
 	promptLen int
+	// hist are the units of work since the last prefill from position 0,
+	// each with the input every hop was sent (copies), for a replacement
+	// hop to replay (failoverHop); histBytes counts their payloads, and
+	// noHist says they outgrew maxHistoryBytes and were dropped.
+	hist      []*unit
+	histBytes int
+	noHist    bool
 }
 
 // Generate runs one generation, calling emit with each token as it is
@@ -403,9 +413,9 @@ func (g *gen) openStream(i int, reread bool) error {
 		}
 		return fmt.Errorf("route: %s: %w", h.Addr, err)
 	}
-	opened := h.Current()
+	opened, epoch := h.Current(), g.epoch
 	err = stream.Send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Open{Open: &shardv1.SessionOpen{
-		SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1, RouteSessionId: g.id, RouteEpoch: g.epoch,
+		SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1, RouteSessionId: g.id, RouteEpoch: epoch,
 		Fingerprint: opened.GetFingerprint(), ShardRange: opened.GetShardRange(),
 	}}})
 	var resp *shardv1.SessionResponse
@@ -434,7 +444,7 @@ func (g *gen) openStream(i int, reread bool) error {
 		return &RefusedError{Addr: h.Addr, Code: e.GetCode(), Detail: "session refused: " + e.GetDetail(), Retryable: e.GetRetryable()}
 	}
 	fc := a.FlowControl
-	g.streams[i] = &hopStream{hop: h, opened: opened, stream: stream, cancel: cancel, limits: fc,
+	g.streams[i] = &hopStream{hop: h, opened: opened, epoch: epoch, stream: stream, cancel: cancel, limits: fc,
 		lazyAck: fc.GetCreditsGranted() >= 2 && fc.GetMaxInflightChunks() >= 2, watchdog: time.AfterFunc(time.Hour, cancel)}
 	g.streams[i].watchdog.Stop()
 	return nil
@@ -451,7 +461,7 @@ func (g *gen) close() {
 			continue
 		}
 		s.stream.Send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Release{Release: &shardv1.ReleaseSignal{
-			RouteSessionId: g.id, RouteEpoch: g.epoch}}})
+			RouteSessionId: g.id, RouteEpoch: s.epoch}}})
 		s.stream.CloseSend()
 		s.watchdog.Reset(min(g.r.opts.StepTimeout, closeWait))
 		for {
@@ -539,62 +549,15 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 	}
 	tensor := &shardv1.NamedTensor{}
 	g.framer.Frame(tensor, "input_ids", []int64{int64(len(ids))}, shardv1.DType_DTYPE_INT32, body, frameout.Options{})
-	tensors := []*shardv1.NamedTensor{tensor}
-	workID := fmt.Sprintf("%s/%d", g.id, g.step)
-	opening := mode == shardv1.CacheMode_CACHE_MODE_PREFILL && first == 0
+	u := &unit{step: g.step, first: first, n: len(ids), mode: mode, info: info, in: make([]*shardv1.NamedTensor, len(g.streams))}
+	if first == 0 && mode == shardv1.CacheMode_CACHE_MODE_PREFILL {
+		g.forget() // a prefill from position 0: history starts again
+	}
+	input := tensor
+	var tensors []*shardv1.NamedTensor
 	for i := range g.streams {
-		deadline := time.Now().Add(g.r.opts.StepTimeout)
-		if d, ok := g.ctx.Deadline(); ok && d.Before(deadline) {
-			deadline = d
-		}
-		hs := g.streams[i]
-		// Beside the input: the session's length on its first prefill chunk,
-		// the compact output's K to the last hop; each only to a hop that
-		// advertises it.
-		if i == len(g.streams)-1 && g.topKTensor != nil && !hs.hop.Features().Has(feature.LogitsTopK) {
-			// The last hop came back as a worker without compact output
-			// (recipeChanged): whole rows from here on.
-			g.topK, g.topKTensor, g.stats.Compact = 0, nil, 0
-		}
-		askK := i == len(g.streams)-1 && g.topKTensor != nil
-		askLen := opening && hs.hop.Features().Has(feature.SessionTokens)
-		if askLen || askK {
-			g.hopIn = append(g.hopIn[:0], tensors[0])
-			if askLen {
-				g.hopIn = append(g.hopIn, g.lenTensor)
-			}
-			if askK {
-				g.hopIn = append(g.hopIn, g.topKTensor)
-			}
-			tensors = g.hopIn
-		}
-		var req *shardv1.SessionRequest
-		if mode == shardv1.CacheMode_CACHE_MODE_DECODE && len(tensors) == 1 {
-			req = &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
-				IdempotencyStep: g.step, Position: uint64(first), ExpectedPastLen: uint64(first),
-				Tensor: tensors[0], WorkId: workID, DeadlineUnixNanos: deadline.UnixNano(),
-			}}}
-		} else {
-			phase := shardv1.Phase_PHASE_PREFILL
-			expect := &shardv1.CacheExpectation{Mode: mode}
-			if mode == shardv1.CacheMode_CACHE_MODE_DECODE {
-				phase, expect.ExpectedPastLen = shardv1.Phase_PHASE_DECODE, uint64(first)
-			}
-			req = &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Chunk{Chunk: &shardv1.ActivationChunk{
-				Envelope: &shardv1.Envelope{
-					SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1, WorkId: workID, RouteSessionId: g.id,
-					RouteEpoch: g.epoch, Fingerprint: hs.opened.GetFingerprint(), ShardRange: hs.opened.GetShardRange(),
-					Phase: phase, Position: &shardv1.PositionSpan{FirstPosition: uint64(first), TokenCount: uint32(len(ids))},
-					IdempotencyStep: g.step, CacheExpectation: expect, DeadlineUnixNanos: deadline.UnixNano(), Chunk: info,
-				},
-				Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: tensors},
-			}}}
-		}
-		out, err := g.call(i, req)
-		var down *HopDownError
-		if errors.As(err, &down) {
-			return nil, g.failover(i, err)
-		}
+		u.in[i] = input
+		out, err := g.send(i, u)
 		if err != nil {
 			return nil, err
 		}
@@ -608,9 +571,11 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 		}
 		if i < len(g.streams)-1 {
 			g.stats.Hops[i].Output = out[0].GetDtype()
+			input = out[0]
 		}
 		tensors = out
 	}
+	g.remember(u)
 	if g.topK > 0 {
 		if err := g.decodeTop(tensors); err != nil {
 			return nil, err
@@ -618,6 +583,68 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 		return g.logits, nil // the whole row, when the compact output was one
 	}
 	return g.decodeLogits(tensors[0])
+}
+
+// send sends unit u to hop i (its input u.in[i]) and returns the output,
+// failing the hop over when its worker is gone: the replacement replays
+// the session's history (failoverHop) and gets u, or, where that cannot
+// be, every hop starts again from position 0 (errCacheMiss).
+func (g *gen) send(i int, u *unit) ([]*shardv1.NamedTensor, error) {
+	for {
+		out, err := g.call(i, g.request(i, u))
+		var down *HopDownError
+		if !errors.As(err, &down) {
+			return out, err
+		}
+		if err := g.failoverHop(i, err); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// request frames unit u for hop i: its input, and beside it the
+// session's length on its first prefill chunk and the compact output's K
+// to the last hop, each only to a hop that advertises it.
+func (g *gen) request(i int, u *unit) *shardv1.SessionRequest {
+	deadline := time.Now().Add(g.r.opts.StepTimeout)
+	if d, ok := g.ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	hs := g.streams[i]
+	if i == len(g.streams)-1 && g.topKTensor != nil && !hs.hop.Features().Has(feature.LogitsTopK) {
+		// The last hop came back as a worker without compact output
+		// (recipeChanged): whole rows from here on.
+		g.topK, g.topKTensor, g.stats.Compact = 0, nil, 0
+	}
+	tensors := []*shardv1.NamedTensor{u.in[i]}
+	opening := u.mode == shardv1.CacheMode_CACHE_MODE_PREFILL && u.first == 0
+	if opening && hs.hop.Features().Has(feature.SessionTokens) {
+		tensors = append(tensors, g.lenTensor)
+	}
+	if i == len(g.streams)-1 && g.topKTensor != nil {
+		tensors = append(tensors, g.topKTensor)
+	}
+	workID := fmt.Sprintf("%s/%d", g.id, u.step)
+	if u.mode == shardv1.CacheMode_CACHE_MODE_DECODE && len(tensors) == 1 {
+		return &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
+			IdempotencyStep: u.step, Position: uint64(u.first), ExpectedPastLen: uint64(u.first),
+			Tensor: tensors[0], WorkId: workID, DeadlineUnixNanos: deadline.UnixNano(),
+		}}}
+	}
+	phase := shardv1.Phase_PHASE_PREFILL
+	expect := &shardv1.CacheExpectation{Mode: u.mode}
+	if u.mode == shardv1.CacheMode_CACHE_MODE_DECODE {
+		phase, expect.ExpectedPastLen = shardv1.Phase_PHASE_DECODE, uint64(u.first)
+	}
+	return &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Chunk{Chunk: &shardv1.ActivationChunk{
+		Envelope: &shardv1.Envelope{
+			SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1, WorkId: workID, RouteSessionId: g.id,
+			RouteEpoch: hs.epoch, Fingerprint: hs.opened.GetFingerprint(), ShardRange: hs.opened.GetShardRange(),
+			Phase: phase, Position: &shardv1.PositionSpan{FirstPosition: uint64(u.first), TokenCount: uint32(u.n)},
+			IdempotencyStep: u.step, CacheExpectation: expect, DeadlineUnixNanos: deadline.UnixNano(), Chunk: u.info,
+		},
+		Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: tensors},
+	}}}
 }
 
 // call sends req to hop i and returns the output tensors, riding out a
