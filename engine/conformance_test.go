@@ -314,6 +314,30 @@ func TestDrainWaitsForOpenStreams(t *testing.T) {
 	}
 }
 
+// With DrainHandoff a draining worker refuses the open stream's next
+// step too (retryable RESOURCE_EXHAUSTED), so its head moves the session
+// to a standby; once the stream closes, the drain ends.
+func TestDrainHandoff(t *testing.T) {
+	w := startWorker(t, newFake(true, true), fakeMeta(), Config{DrainHandoff: true})
+	s := w.open(t, "handed-off", 1)
+	if o := s.prefillTokens(1, 1, 2); o.ack == nil {
+		t.Fatal(o.status)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := w.eng.Drain(ctx); err == nil {
+		t.Fatal("Drain returned with a stream open")
+	}
+	o := s.decodeToken(2, 2, 3)
+	if e := o.status.GetError(); o.ack != nil || e.GetCode() != cExhausted || !e.GetRetryable() {
+		t.Fatalf("a step while draining with handoff: ack %v, status %v", o.ack, o.status)
+	}
+	s.close()
+	if err := w.eng.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // gated starts a fake worker whose forwards wait at a gate. Closing the
 // gate (fb.Open, also at cleanup) lets every later forward through.
 func gated(t *testing.T, cfg Config) (*worker, *fakeBackend) {

@@ -65,7 +65,7 @@
 //	a newer epoch supersedes; an older one is   -                          shardd.errors                        TestNewerEpochSupersedes
 //	  EPOCH_STALE
 //	idle sessions expire                        --session-ttl              shardd.evictions                     TestEvictedSessionMisses
-//	draining with handoff refuses the open      --drain-handoff            shardd.errors                        TestDrainHandoff (cmd/shardd)
+//	draining with handoff refuses the open      --drain-handoff            shardd.errors                        TestDrainHandoff
 //	  sessions' steps too (retryable), so
 //	  heads move them to a standby
 //	repeated prompt blocks answered from the    --prefix-cache-bytes,      shardd.prefix.hits,                  TestPrefixCacheIdentity,
