@@ -413,7 +413,13 @@ func (g *gen) openStream(i int, reread bool) error {
 		}
 		return fmt.Errorf("route: %s: %w", h.Addr, err)
 	}
+	// A stream reopened after a transport error stays at its epoch (the
+	// step it resends carries it); a new or failed-over one takes the
+	// generation's.
 	opened, epoch := h.Current(), g.epoch
+	if old := g.streams[i]; old != nil {
+		epoch = old.epoch
+	}
 	err = stream.Send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Open{Open: &shardv1.SessionOpen{
 		SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1, RouteSessionId: g.id, RouteEpoch: epoch,
 		Fingerprint: opened.GetFingerprint(), ShardRange: opened.GetShardRange(),

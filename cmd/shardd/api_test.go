@@ -66,7 +66,7 @@ func TestOpenAIClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	line := startLine(t, bin, "shardd api: listening on ", "api", "--route", routeFlag, "--tokenizer", shards[0],
-		"--listen", "127.0.0.1:0", "--api-keys", keys, "--max-inflight", "1", "--max-queue", "1", "--model-id", "smollm2", "--step-timeout", "5s")
+		"--listen", "127.0.0.1:0", "--api-keys", keys, "--max-inflight", "1", "--max-queue", "1", "--model-id", "smollm2", "--step-timeout", "15s")
 	base, _, _ := strings.Cut(line, " ")
 
 	t.Run("openai", func(t *testing.T) {
@@ -225,8 +225,9 @@ func benchOpenAI(t *testing.T, bin, routeFlag, base string) {
 	}
 	var rep struct {
 		Runs []struct {
-			Target       string `json:"target"`
-			Errors       int    `json:"errors"`
+			Target       string            `json:"target"`
+			Errors       int               `json:"errors"`
+			ErrorSamples map[string]string `json:"error_samples"`
 			OutputTokens int    `json:"output_tokens"`
 			Hops         []any  `json:"hops"`
 		} `json:"runs"`
