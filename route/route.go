@@ -18,7 +18,9 @@
 // answers with the cached result, marked duplicate). A CACHE_MISS anywhere,
 // for example from a worker that restarted and lost its state, is recovered
 // by one full re-prefill of everything fed so far under the same route
-// session id. Many generations may run on one Route at once.
+// session id. A hop whose worker is gone moves to a standby
+// (Options.Alternates or Options.Replace), which alone replays the
+// session: failover.go. Many generations may run on one Route at once.
 package route
 
 import (
