@@ -9,7 +9,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/stages"
+	"github.com/meshnet/shardd/stages/frameout"
 )
 
 // Failover: a hop whose worker is gone is replaced, and the generation
@@ -29,9 +32,11 @@ import (
 // (token ids to the first, the previous hop's hidden states to the
 // others; up to maxHistoryBytes a generation). The replacement alone
 // moves to epoch + 1 and gets the session by replaying those inputs to
-// it, unit by unit in their original shapes; the unit that failed is then
-// sent to it, and the generation goes on. The other hops keep their
-// sessions: their inputs did not change. With Options.ReplayRecovery the
+// it; the unit that failed is then sent to it, and the generation goes
+// on. The other hops keep their
+// sessions: their inputs did not change. Without Options.ReplayRecovery
+// the inputs are joined and replayed as prefill chunks (a few forwards);
+// with it, unit by unit in their original shapes, and the
 // replacement's outputs must equal, bit for bit, what the hop after it
 // was sent (a worker of the same recipe in --deterministic mode computes
 // them so), and the tokens after the failover are those of an
@@ -290,6 +295,11 @@ func (g *gen) failoverHop(i int, err error) error {
 		return err
 	}
 	g.stats.Recoveries++
+	if !g.r.opts.ReplayRecovery {
+		// Nothing bitwise to keep: the history in prefill chunks, a few
+		// forwards instead of one a unit.
+		return g.replayBulk(i)
+	}
 	for _, u := range g.hist {
 		out, err := g.call(i, g.request(i, u))
 		var down *HopDownError
@@ -305,6 +315,77 @@ func (g *gen) failoverHop(i int, err error) error {
 		}
 	}
 	return nil
+}
+
+// replayBulk rebuilds the session on hop i's new stream from its history
+// in prefill chunks: the units' inputs to hop i (token ids, or hidden
+// states as rows) joined in position order and cut into chunks of at
+// most g.chunk rows. A chunk takes the idempotency step of the unit at its
+// index, below the unit in flight's. nil when hop i holds the session
+// again; otherwise every hop restarts (errCacheMiss), or the failure.
+func (g *gen) replayBulk(i int) error {
+	if len(g.hist) == 0 {
+		return nil
+	}
+	body, width, dt, err := g.joinInputs(i)
+	if err != nil {
+		return g.restartAll()
+	}
+	rows := len(body) / width
+	count := (rows + g.chunk - 1) / g.chunk
+	if count > len(g.hist) {
+		return g.restartAll()
+	}
+	for c := range count {
+		lo, hi := c*g.chunk, min(rows, (c+1)*g.chunk)
+		nt := &shardv1.NamedTensor{}
+		name, shape := "hidden_states", []int64{int64(hi - lo), int64(width / dtypeSize(dt))}
+		if i == 0 {
+			name, shape = "input_ids", []int64{int64(hi - lo)}
+		}
+		g.framer.Frame(nt, name, shape, dt, body[lo*width:hi*width], frameout.Options{})
+		u := &unit{step: g.hist[c].step, first: lo, n: hi - lo, mode: shardv1.CacheMode_CACHE_MODE_PREFILL,
+			info: &shardv1.ChunkInfo{ChunkIndex: uint32(c), ChunkCount: uint32(count), FinalChunk: c == count-1},
+			in:   make([]*shardv1.NamedTensor, len(g.streams))}
+		u.in[i] = nt
+		_, err := g.call(i, g.request(i, u))
+		var down *HopDownError
+		switch {
+		case errors.As(err, &down) && len(g.stats.Failovers) < maxFailovers:
+			return g.failoverHop(i, err)
+		case err != nil:
+			return g.restartAll()
+		}
+	}
+	return nil
+}
+
+// joinInputs returns hop i's inputs over the history as one body of rows
+// (width bytes each, of dtype dt), in position order.
+func (g *gen) joinInputs(i int) (body []byte, width int, dt shardv1.DType, err error) {
+	var t stages.Tensor
+	defer t.Reset()
+	pos := 0
+	for _, u := range g.hist {
+		nt := u.in[i]
+		if u.first != pos || len(nt.GetShape()) == 0 || nt.GetShape()[0] != int64(u.n) {
+			return nil, 0, 0, fmt.Errorf("route: history out of order at position %d", u.first)
+		}
+		t.Reset()
+		if err := g.recv.Tensor(&t, nt, true); err != nil {
+			return nil, 0, 0, err
+		}
+		b := t.Contiguous(bufpool.Default)
+		if dt = nt.GetDtype(); width == 0 {
+			width = len(b) / u.n
+		}
+		if width == 0 || len(b) != width*u.n {
+			return nil, 0, 0, fmt.Errorf("route: history rows of %d bytes, %d rows", len(b), u.n)
+		}
+		body = append(body, b...)
+		pos += u.n
+	}
+	return body, width, dt, nil
 }
 
 // replaceHop puts a replacement in failed hop i's place for this
