@@ -228,8 +228,8 @@ func benchOpenAI(t *testing.T, bin, routeFlag, base string) {
 			Target       string            `json:"target"`
 			Errors       int               `json:"errors"`
 			ErrorSamples map[string]string `json:"error_samples"`
-			OutputTokens int    `json:"output_tokens"`
-			Hops         []any  `json:"hops"`
+			OutputTokens int               `json:"output_tokens"`
+			Hops         []any             `json:"hops"`
 		} `json:"runs"`
 	}
 	if err := json.Unmarshal(b, &rep); err != nil {
