@@ -95,19 +95,18 @@ func TestFailoverRealModel(t *testing.T) {
 				case exact && !slices.Equal(got[g], want[g]):
 					t.Errorf("generation %d (failovers %q): %v, uninterrupted %v", g, stats[g].Failovers, got[g], want[g])
 				case !exact && len(got[g]) == n:
-					// After a re-prefill the generation computes on KV built
-					// in one batch rather than step by step (other kernels
-					// for Q4_1 rows in a batch): its logits moved by up to
-					// 0.35 of a 39 span (0.9%) in the runs measured, twice
-					// the batching alone; and past the answer's end (the
-					// generations run 64 tokens whatever the model says)
-					// SmolLM2's distributions are flat, so near ties come
-					// more often than the 2 a generation of the tiny preset
-					// is allowed. Hence twice the near-tie bound and n/8
-					// ties. A wrong state (KV of another session, a wrong
-					// position) puts tokens units below the best; the exact
-					// run below is the bitwise claim.
-					checkGreedyTies(t, model, prompts[g%len(prompts)], got[g], n/8, 2)
+					// After the failover the generation computes on KV the
+					// standby built in prefill batches rather than step by
+					// step (other kernels for Q4_1 rows in a batch): its
+					// logits moved by up to 0.705 of a 43.1 span (1.6%) in the
+					// runs measured, and SmolLM2's distributions are flatter
+					// than the tiny preset's (near ties come more often than
+					// the 2 a tiny generation is allowed). Hence 4 times the
+					// near-tie bound (3.3% of a row's span) and n/4 ties. A
+					// wrong state (KV of another session, a wrong position)
+					// puts tokens far below the best; the exact run below is
+					// the bitwise claim.
+					checkGreedyTies(t, model, prompts[g%len(prompts)], got[g], n/4, 4)
 				}
 			}
 			if moved == 0 {
