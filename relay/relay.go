@@ -228,7 +228,17 @@ func (r *Relay) Serve(ln net.Listener) error {
 			c.Close()
 			continue
 		}
+		// Added under the lock, after checking closed: a WaitGroup's Add
+		// must not race with Close's Wait.
+		r.mu.Lock()
+		if r.closed {
+			r.mu.Unlock()
+			r.conns.Add(-1)
+			c.Close()
+			return net.ErrClosed
+		}
 		r.wg.Add(1)
+		r.mu.Unlock()
 		go r.handle(&countedConn{Conn: c, n: &r.conns})
 	}
 }
