@@ -302,19 +302,26 @@ func (g *gen) failoverHop(i int, err error) error {
 	}
 	for _, u := range g.hist {
 		out, err := g.call(i, g.request(i, u))
-		var down *HopDownError
-		switch {
-		case errors.As(err, &down) && len(g.stats.Failovers) < maxFailovers:
-			return g.failoverHop(i, err)
-		case err != nil:
-			return g.restartAll()
-		case g.r.opts.ReplayRecovery && i < len(g.streams)-1 && !sameTensor(out, u.in[i+1]):
+		if err != nil {
+			return g.replayFailed(i, err)
+		}
+		if i < len(g.streams)-1 && !sameTensor(out, u.in[i+1]) {
 			// Not the bits the next hop was sent: bitwise continuation
 			// needs every hop rebuilt.
 			return g.restartAll()
 		}
 	}
 	return nil
+}
+
+// replayFailed handles a replay step's error on hop i: the replacement
+// gone too fails over again; anything else restarts every hop.
+func (g *gen) replayFailed(i int, err error) error {
+	var down *HopDownError
+	if errors.As(err, &down) && len(g.stats.Failovers) < maxFailovers {
+		return g.failoverHop(i, err)
+	}
+	return g.restartAll()
 }
 
 // replayBulk rebuilds the session on hop i's new stream from its history
@@ -344,17 +351,12 @@ func (g *gen) replayBulk(i int) error {
 			name, shape = "input_ids", []int64{int64(hi - lo)}
 		}
 		g.framer.Frame(nt, name, shape, dt, body[lo*width:hi*width], frameout.Options{})
-		u := &unit{step: g.hist[c].step, first: lo, n: hi - lo, mode: shardv1.CacheMode_CACHE_MODE_PREFILL,
+		u := &unit{step: g.hist[c].step, workID: g.hist[c].workID, first: lo, n: hi - lo, mode: shardv1.CacheMode_CACHE_MODE_PREFILL,
 			info: &shardv1.ChunkInfo{ChunkIndex: uint32(c), ChunkCount: uint32(count), FinalChunk: c == count-1},
 			in:   make([]*shardv1.NamedTensor, len(g.streams))}
 		u.in[i] = nt
-		_, err := g.call(i, g.request(i, u))
-		var down *HopDownError
-		switch {
-		case errors.As(err, &down) && len(g.stats.Failovers) < maxFailovers:
-			return g.failoverHop(i, err)
-		case err != nil:
-			return g.restartAll()
+		if _, err := g.call(i, g.request(i, u)); err != nil {
+			return g.replayFailed(i, err)
 		}
 	}
 	return nil
@@ -439,6 +441,7 @@ func (g *gen) closeStream(i int) {
 // a decode step, and each hop's input.
 type unit struct {
 	step     uint64
+	workID   string
 	first, n int
 	mode     shardv1.CacheMode
 	info     *shardv1.ChunkInfo

@@ -555,7 +555,8 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 	}
 	tensor := &shardv1.NamedTensor{}
 	g.framer.Frame(tensor, "input_ids", []int64{int64(len(ids))}, shardv1.DType_DTYPE_INT32, body, frameout.Options{})
-	u := &unit{step: g.step, first: first, n: len(ids), mode: mode, info: info, in: make([]*shardv1.NamedTensor, len(g.streams))}
+	u := &unit{step: g.step, workID: fmt.Sprintf("%s/%d", g.id, g.step), first: first, n: len(ids), mode: mode, info: info,
+		in: make([]*shardv1.NamedTensor, len(g.streams))}
 	if first == 0 && mode == shardv1.CacheMode_CACHE_MODE_PREFILL {
 		g.forget() // a prefill from position 0: history starts again
 	}
@@ -630,11 +631,10 @@ func (g *gen) request(i int, u *unit) *shardv1.SessionRequest {
 	if i == len(g.streams)-1 && g.topKTensor != nil {
 		tensors = append(tensors, g.topKTensor)
 	}
-	workID := fmt.Sprintf("%s/%d", g.id, u.step)
 	if u.mode == shardv1.CacheMode_CACHE_MODE_DECODE && len(tensors) == 1 {
 		return &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Decode{Decode: &shardv1.DecodeStep{
 			IdempotencyStep: u.step, Position: uint64(u.first), ExpectedPastLen: uint64(u.first),
-			Tensor: tensors[0], WorkId: workID, DeadlineUnixNanos: deadline.UnixNano(),
+			Tensor: tensors[0], WorkId: u.workID, DeadlineUnixNanos: deadline.UnixNano(),
 		}}}
 	}
 	phase := shardv1.Phase_PHASE_PREFILL
@@ -644,7 +644,7 @@ func (g *gen) request(i int, u *unit) *shardv1.SessionRequest {
 	}
 	return &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Chunk{Chunk: &shardv1.ActivationChunk{
 		Envelope: &shardv1.Envelope{
-			SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1, WorkId: workID, RouteSessionId: g.id,
+			SchemaVersion: shardv1.SchemaVersion_SCHEMA_VERSION_1, WorkId: u.workID, RouteSessionId: g.id,
 			RouteEpoch: hs.epoch, Fingerprint: hs.opened.GetFingerprint(), ShardRange: hs.opened.GetShardRange(),
 			Phase: phase, Position: &shardv1.PositionSpan{FirstPosition: uint64(u.first), TokenCount: uint32(u.n)},
 			IdempotencyStep: u.step, CacheExpectation: expect, DeadlineUnixNanos: deadline.UnixNano(), Chunk: u.info,
