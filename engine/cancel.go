@@ -4,9 +4,13 @@ import (
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 )
 
-// cancel answers queued work of session id (one work id, or all) with
-// CANCELLED. An item already partly run is rewound. It returns how many
-// items were cancelled.
+// cancel answers queued work of session id at epoch or older (one work id,
+// or all) with CANCELLED. An item already partly run is rewound. Work of a
+// newer epoch than the signal's is not the signal's to end. Older work
+// must end here: a Release at a newer epoch drops the session's state and
+// hands its sequence to the next session, and a chunk of the old epoch
+// part-way through its iterations would run its remaining rows into it.
+// It returns how many items were cancelled.
 func (s *scheduler) cancel(id string, epoch uint64, workID string) int {
 	q := s.queues[id]
 	if q == nil {
@@ -15,7 +19,7 @@ func (s *scheduler) cancel(id string, epoch uint64, workID string) int {
 	n := 0
 	kept := q.items[:0]
 	for _, w := range q.items {
-		if (workID != "" && w.workID != workID) || w.epoch < epoch {
+		if (workID != "" && w.workID != workID) || w.epoch > epoch {
 			kept = append(kept, w)
 			continue
 		}

@@ -15,8 +15,11 @@ import (
 // still to run (admission reserves a chunk's rows before they run). A
 // session whose next row would not continue its cells is the desync that
 // llama_decode refuses ("position does not continue the sequence"); this
-// finds it where it starts instead. It returns nil where the backend
-// cannot count positions.
+// finds it where it starts instead. Admitted work must also hold the
+// store's live session and its sequence: work left holding a dropped
+// session would run its rows into a sequence another session now owns,
+// which the sum above cannot see. It returns nil where the backend cannot
+// count positions.
 func (d *driver) positionsAgree() error {
 	sc, ok := d.be.(backend.SeqCounter)
 	if !ok {
@@ -27,6 +30,9 @@ func (d *driver) positionsAgree() error {
 		for _, w := range q.items {
 			if w.admitted && w.sess != nil && w.mode != shardv1.CacheMode_CACHE_MODE_STATELESS {
 				pending[w.sess] += w.tokens - w.done
+				if live, ok := d.s.store.Peek(w.st.id); !ok || live != w.sess || w.seq != live.Seq {
+					return fmt.Errorf("engine: admitted work %q of session %q holds sequence %d of a session the store no longer has", w.workID, w.st.id, w.seq)
+				}
 			}
 		}
 	}

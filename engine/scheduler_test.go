@@ -141,3 +141,40 @@ func TestDroppedSessionFreesResults(t *testing.T) {
 		t.Fatalf("after the eviction %d bytes held, want c's %d alone", n, one)
 	}
 }
+
+// TestReleaseAtNewerEpochEndsRunningWork: a Release at a newer epoch than
+// the session's arrives while a prompt chunk of the old epoch is part-way
+// through its iterations. The state is dropped and its sequence goes to the
+// next session; the old chunk must end there (CANCELLED), not run its
+// remaining rows into the sequence the new session now holds (the soak
+// with kills saw llama_decode refuse such a forward, and every other item
+// in it fail with INTERNAL).
+func TestReleaseAtNewerEpochEndsRunningWork(t *testing.T) {
+	w, fb := gated(t, Config{PrefillIterationTokens: 4, DecodeQuiet: 1})
+	a, b := w.open(t, "old", 1), w.open(t, "next", 1)
+	a.chunk(a.envelope(1, prefill, 0, 8, 0), a.tokensTensor([]int32{1, 2, 3, 4, 5, 6, 7, 8}))
+	<-fb.Entered // rows 0..3 of the 8 are inside Forward
+	done := make(chan error, 1)
+	go func() {
+		_, err := w.client.Release(context.Background(), &shardv1.ReleaseRequest{SchemaVersion: 1, RouteSessionId: "old", RouteEpoch: 2})
+		done <- err
+	}()
+	waitUntil(t, func() bool { return len(w.eng.control) == 1 })
+	b.chunk(b.envelope(1, prefill, 0, 3, 0), b.tokensTensor([]int32{9, 10, 11}))
+	fb.Open()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if o := a.result(); code(o) != cCancelled {
+		t.Fatalf("the old epoch's chunk after its state was released: ack %v, status %v", o.ack, o.status)
+	}
+	if o := b.result(); o.ack == nil || o.ack.CacheResult.PastLen != 3 {
+		t.Fatalf("the session that took the sequence: ack %v, status %v", o.ack, o.status)
+	}
+	waitFor(t, w.eng, func() bool {
+		if err := w.eng.drv.positionsAgree(); err != nil {
+			t.Error(err)
+		}
+		return true
+	})
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,10 +55,15 @@ type Cluster struct {
 // its own, waits until each listens, and returns them in spec order. On
 // error every process already started is stopped. Each process dies with
 // the harness (PR_SET_PDEATHSIG), so even a killed harness leaves none
-// behind; Close stops them gracefully.
+// behind; Close stops them gracefully. Each worker's log (logDir/NAME.log)
+// starts empty, so a reused directory shows no earlier run's lines; a
+// Restart appends to it.
 func StartWorkers(ctx context.Context, bin, logDir string, specs []WorkerSpec) (*Cluster, error) {
 	c := &Cluster{specs: specs, bin: bin, logDir: logDir}
 	for _, s := range specs {
+		if err := os.Truncate(filepath.Join(logDir, s.Name+".log"), 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
 		addr, metrics, logPath, err := c.start(ctx, bin, logDir, s, "127.0.0.1:0")
 		if err != nil {
 			c.Close()
