@@ -306,6 +306,10 @@ func (r *Report) WriteText(w io.Writer) {
 		if s.KillAtS > 0 {
 			errs = append(errs, fmt.Sprintf("%s: a worker killed at %.1f s; %d generations failed over, failover time p50 %s, p99 %s",
 				s.Label, s.KillAtS, s.Failovers, msf(s.FailoverTime.P50), msf(s.FailoverTime.P99)))
+			if s.TokensPerSBeforeKill > 0 && s.TokensPerSAfterKill > 0 {
+				errs = append(errs, fmt.Sprintf("%s: %.1f tokens/s in the 3 s before the kill, %.1f in the 3 s after (%.2fx)",
+					s.Label, s.TokensPerSBeforeKill, s.TokensPerSAfterKill, s.TokensPerSAfterKill/s.TokensPerSBeforeKill))
+			}
 		}
 		if s.Retries+s.Recoveries+s.Busy > 0 {
 			errs = append(errs, fmt.Sprintf("%s: %d retries, %d re-prefills after a cache miss, %d refusals of a full worker ridden out (%.1f s waited)",

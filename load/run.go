@@ -109,6 +109,9 @@ type recorder struct {
 	steady int
 	// killAt is when Target.Kill killed its worker (zero: not yet).
 	killAt time.Time
+	// perTick counts the measured tokens by when they came, in ticks of
+	// tickDur since start (the kill's tokens/s dip).
+	perTick []int
 	// prompts counts the prompt tokens the measured phase has sent.
 	prompts atomic.Int64
 }
@@ -177,6 +180,12 @@ func (r *recorder) finish(tr *reqTrace, st route.Stats, err error, slo SLO) {
 		return
 	}
 	for _, t := range tr.times {
+		if i := int(t.Sub(r.start) / tickDur); i >= 0 && i < maxTicks {
+			if i >= len(r.perTick) {
+				r.perTick = append(r.perTick, make([]int, i+1-len(r.perTick))...)
+			}
+			r.perTick[i]++
+		}
 		if r.cutoff.IsZero() || !t.After(r.cutoff) {
 			r.steady++
 		}
@@ -578,6 +587,45 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// tickDur is the width of the recorder's token counts over time; maxTicks
+// bounds them (an hour).
+const (
+	tickDur  = 100 * time.Millisecond
+	maxTicks = 36000
+)
+
+// killWindow is how long before and after the kill aroundKill counts.
+const killWindow = 3 * time.Second
+
+// aroundKill is the tokens/s of the killWindow before the kill and of the
+// killWindow after it (0 where the run had not that much time on a side
+// before its arrivals ended).
+// Both come from the same run, seconds apart, so the ratio is the dip the
+// kill made, not the spread between runs.
+func (r *recorder) aroundKill() (before, after float64) {
+	k := int(r.killAt.Sub(r.start) / tickDur)
+	w := int(killWindow / tickDur)
+	sum := func(from, to int) (float64, bool) {
+		if from < 0 || to > len(r.perTick) {
+			return 0, false
+		}
+		n := 0
+		for _, c := range r.perTick[from:to] {
+			n += c
+		}
+		return float64(n) / killWindow.Seconds(), true
+	}
+	before, _ = sum(k-w, k)
+	last := r.cutoff
+	if last.IsZero() {
+		last = r.lastDone
+	}
+	if int(last.Sub(r.start)/tickDur) >= k+w {
+		after, _ = sum(k, k+w)
+	}
+	return before, after
+}
+
 // summary turns the recorder into the run's Summary.
 func (r *recorder) summary(t Target, w Workload, label string) *Summary {
 	r.mu.Lock()
@@ -589,6 +637,7 @@ func (r *recorder) summary(t Target, w Workload, label string) *Summary {
 		Failovers: r.failovers, FailoverTime: r.failover.dist(false)}
 	if !r.killAt.IsZero() {
 		s.KillAtS = r.killAt.Sub(r.start).Seconds()
+		s.TokensPerSBeforeKill, s.TokensPerSAfterKill = r.aroundKill()
 	}
 	if len(r.errSample) > 0 {
 		s.ErrorSamples = maps.Clone(r.errSample)

@@ -143,6 +143,11 @@ type Summary struct {
 	KillAtS      float64 `json:"kill_at_s,omitempty"`
 	Failovers    int     `json:"failovers,omitempty"`
 	FailoverTime Dist    `json:"failover_time"`
+	// TokensPerSBeforeKill and TokensPerSAfterKill are the tokens/s of the
+	// 3 s before the kill and the 3 s after it (0: the run had less time
+	// on that side): the dip, measured within the run.
+	TokensPerSBeforeKill float64 `json:"tokens_per_s_before_kill,omitempty"`
+	TokensPerSAfterKill  float64 `json:"tokens_per_s_after_kill,omitempty"`
 	// Stages: per hop (in route order) the worker's per-stage span
 	// latencies, from the span files of the measured window.
 	Stages []map[string]Dist `json:"stages,omitempty"`

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make upstream: build upstream llama.cpp's llama-server and rpc-server
-# (ggml-rpc-server) once, for side-by-side figures (issue 42).
+# make upstream: build upstream llama.cpp's llama-server, rpc-server
+# (ggml-rpc-server), llama-batched-bench and llama-bench once, for
+# side-by-side figures (issues 42 and 44).
 #   upstream-llama.sh [DIR]   (default: $SHARDD_UPSTREAM, else ~/.cache/shardd/upstream)
 #
 # The llama.cpp tree is the one the PyPI sdist llama-cpp-python==0.3.36
@@ -9,7 +10,7 @@
 # like the project's own library, CPU only, RPC on). A build whose binaries
 # are there is skipped, so a rerun does nothing. Nothing lands in git.
 #
-# Prints the bin directory (llama-server, ggml-rpc-server). Exits non-zero with
+# Prints the bin directory. Exits non-zero with
 # the error when the sdist cannot be fetched or the build fails.
 set -euo pipefail
 
@@ -17,8 +18,16 @@ version=0.3.36
 dir=${1:-${SHARDD_UPSTREAM:-$HOME/.cache/shardd/upstream}}
 out="$dir/llama-cpp-python-$version"
 bin="$out/build/bin"
-if [ -x "$bin/llama-server" ] && [ -x "$bin/ggml-rpc-server" ]; then
+targets="llama-server ggml-rpc-server llama-batched-bench llama-bench"
+missing=0
+for t in $targets; do [ -x "$bin/$t" ] || missing=1; done
+if [ $missing = 0 ]; then
   echo "$bin"; exit 0
+fi
+# A build from before a target was added: back to the path CMake's cache
+# names, where only the missing targets are built.
+if [ -d "$out" ] && [ ! -d "$out.tmp" ]; then
+  mv "$out" "$out.tmp"
 fi
 mkdir -p "$dir/sdist"
 if ! ls "$dir/sdist"/llama_cpp_python-$version.tar.gz >/dev/null 2>&1; then
@@ -39,7 +48,8 @@ src="$out.tmp/vendor/llama.cpp"
 jobs=$(nproc)
 cmake -S "$src" -B "$out.tmp/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_RPC=ON \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >&2
-cmake --build "$out.tmp/build" -j "$jobs" --target llama-server ggml-rpc-server >&2
+# shellcheck disable=SC2086 # the target list splits on purpose
+cmake --build "$out.tmp/build" -j "$jobs" --target $targets >&2
 rm -rf "$out"
 mv "$out.tmp" "$out"
 # CMake's cache names the tree it was configured in; the binaries are static
