@@ -106,6 +106,8 @@ func decodeCeiling(b *testing.B, sessions int) {
 	// in the process.
 	b.ReportMetric(medianF(inProcFirst), "inproc-first-ms")
 	b.ReportMetric(medianF(workerFirst), "worker-first-ms")
+	b.ReportMetric(medianF(inProcDecode), "inproc-decode-tok/s")
+	b.ReportMetric(medianF(workerDecode), "worker-decode-tok/s")
 	b.ReportMetric(medianF(workerDecode)/medianF(inProcDecode), "decode-phase/ceiling")
 }
 

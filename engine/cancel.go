@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"math"
+
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 )
 
@@ -70,7 +72,7 @@ func (s *scheduler) release(id string, epoch uint64) (bool, error) {
 func (s *scheduler) shutdown() {
 	for len(s.ring) > 0 {
 		q := s.ring[0]
-		s.cancel(q.id, 0, "")
+		s.cancel(q.id, math.MaxUint64, "") // every epoch's
 	}
 	for s.results.EvictOldest() {
 	}
