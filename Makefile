@@ -29,7 +29,7 @@ BENCHCOUNT ?= 6
 
 APT_PKGS := protobuf-compiler chromium unzip
 
-.PHONY: all deps tools llama build-cuda env generate check-generate build test vet unit fuzz fuzz-long soak soak-short bench demo demo-real models pyenv upstream clean
+.PHONY: all deps tools llama build-cuda env generate check-generate build test vet unit fuzz fuzz-long soak soak-short bench demo demo-real models pyenv upstream vs-upstream clean
 
 all: build
 
@@ -231,12 +231,22 @@ pyenv: deps
 	  "$(SHARDD_PYENV)/bin/pip" install --quiet --disable-pip-version-check -r api/testdata/requirements.txt && \
 	  cp api/testdata/requirements.txt "$(SHARDD_PYENV)/requirements.txt"; fi
 
-## upstream: upstream llama.cpp's llama-server and ggml-rpc-server, built
-## once from the tree the llama-cpp-python 0.3.36 sdist vendors (PyPI) into
+## upstream: upstream llama.cpp's llama-server, ggml-rpc-server,
+## llama-batched-bench and llama-bench, built once from the tree the
+## llama-cpp-python 0.3.36 sdist vendors (PyPI) into
 ## ~/.cache/shardd/upstream, for side-by-side figures (PERF.md); not part
 ## of `make test`.
 upstream: deps
 	@scripts/upstream-llama.sh
+
+## vs-upstream: the pinned llama.cpp under shardd's backend (in the process
+## and through one worker) against upstream's llama-batched-bench on the
+## same batches, VSROUNDS interleaved rounds with VSTHREADS threads, into
+## out/vs-upstream (scripts/vs-batched-bench.sh); not part of `make test`.
+VSROUNDS ?= 3
+VSTHREADS ?= 1
+vs-upstream: deps llama models upstream
+	@scripts/vs-batched-bench.sh $(CURDIR)/out/vs-upstream/t$(VSTHREADS) $(VSROUNDS) $(VSTHREADS) smollm2 gemma3
 
 ## test: what CI runs.
 test: check-generate vet unit soak-short fuzz
