@@ -41,6 +41,16 @@ func (r *Report) plots() []plot {
 	cdf("ttft-cdf", "TTFT", func(s *Summary) Dist { return s.TTFT })
 	cdf("itl-cdf", "ITL", func(s *Summary) Dist { return s.ITL })
 
+	out = append(out, timePlots(runs)...)
+	out = append(out, hopPlots(runs)...)
+	out = append(out, r.sweepPlots()...)
+	return out
+}
+
+// timePlots: ITL over time (with any kill), TTFT by turn, and the prefix
+// cache's hit rate over time.
+func timePlots(runs []*Summary) []plot {
+	var out []plot
 	var ts []plotSeries
 	for _, s := range runs {
 		if len(s.ITLSeries) > 0 {
@@ -90,6 +100,13 @@ func (r *Report) plots() []plot {
 			template.HTML(linePlot("Prefix cache hit rate", axis{label: "seconds into the run"}, axis{label: "tokens from the cache / prompt tokens"}, hits))})
 	}
 
+	return out
+}
+
+// hopPlots: the per-hop decode step, and the per-stage bars when spans
+// were read.
+func hopPlots(runs []*Summary) []plot {
+	var out []plot
 	var cats []string
 	var vals [][]float64
 	for _, s := range runs {
@@ -129,6 +146,12 @@ func (r *Report) plots() []plot {
 		break
 	}
 
+	return out
+}
+
+// sweepPlots: the sweep's throughput and ITL curves.
+func (r *Report) sweepPlots() []plot {
+	var out []plot
 	if sw := r.Sweep; sw != nil && len(sw.Levels) > 1 {
 		var tput, itl [][2]float64
 		for _, m := range sw.Levels {

@@ -406,9 +406,9 @@ func (r *recorder) arrivalsOver(at time.Time) {
 func drive(ctx context.Context, rt generator, w Workload, opts RunOptions, rec *recorder, base int) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	ph := &phase{ctx: ctx, rt: rt, w: w, rec: rec, base: base, convs: w.Requests}
 	// deadline closes when the arrivals are over (a timer's channel
 	// would tell only one of the closed loop's goroutines).
-	var deadline <-chan struct{}
 	if w.Duration > 0 {
 		over := make(chan struct{})
 		tm := time.AfterFunc(w.Duration, func() {
@@ -418,92 +418,121 @@ func drive(ctx context.Context, rt generator, w Workload, opts RunOptions, rec *
 			close(over)
 		})
 		defer tm.Stop()
-		deadline = over
+		ph.deadline = over
 	}
-	var issued atomic.Int64
-	// next hands out the next conversation's index (a request's, with one
-	// turn each), or false when the phase's arrivals are over.
-	convs := w.Requests
-	if t := w.turns(); t > 1 && convs > 0 {
-		convs = (convs + t - 1) / t
+	if t := w.turns(); t > 1 && ph.convs > 0 {
+		ph.convs = (ph.convs + t - 1) / t
 	}
-	next := func() (int, bool) {
-		select {
-		case <-deadline:
-			return 0, false
-		case <-ctx.Done():
-			return 0, false
-		default:
-		}
-		i := int(issued.Add(1)) - 1
-		if convs > 0 && i >= convs {
-			return 0, false
-		}
-		if rec != nil && convs > 0 && i == convs-1 {
-			rec.arrivalsOver(time.Now())
-		}
-		return i, true
-	}
-	one := func(req route.Request, arrival time.Time, turn int) []int32 {
-		if rec != nil {
-			rec.prompts.Add(int64(len(req.Prompt)))
-		}
-		tr := &reqTrace{arrival: arrival, turn: turn}
-		tr.times = make([]time.Time, 0, req.MaxTokens)
-		var out []int32
-		st, err := rt.Generate(ctx, req, func(tok int32) error {
-			tr.times = append(tr.times, time.Now())
-			if w.Turns > 1 {
-				out = append(out, tok)
-			}
-			return nil
-		})
-		if err == nil && len(tr.times) != req.MaxTokens {
-			err = fmt.Errorf("load: %d of %d tokens", len(tr.times), req.MaxTokens)
-		}
-		if rec != nil && ctx.Err() == nil {
-			rec.finish(tr, st, err, w.SLO)
-		}
-		return out
-	}
-	// conversation runs conversation c's turns one after another, each
-	// sending the history so far and its own message; arrival is its
-	// first turn's.
-	conversation := func(c int, arrival time.Time) {
-		first := base + c*w.turns()
-		req := w.request(first)
-		history := slices.Clone(req.Prompt)
-		for t := range w.turns() {
-			if t > 0 {
-				req = w.message(first + t)
-				req.Prompt = slices.Concat(history, req.Prompt)
-				history = req.Prompt
-				arrival = time.Now()
-			}
-			out := one(req, arrival, t)
-			if ctx.Err() != nil {
-				return
-			}
-			history = slices.Concat(history, out)
-		}
-	}
-	var wg sync.WaitGroup
 	if w.Rate <= 0 {
-		for range w.Concurrency {
-			wg.Go(func() {
-				for {
-					i, ok := next()
-					if !ok {
-						return
-					}
-					conversation(i, time.Now())
-				}
-			})
-		}
-		wg.Wait()
+		ph.closedLoop()
 		return
 	}
-	gap := w.arrivals()
+	ph.openLoop(opts.MaxInflight)
+}
+
+// phase is one drive's state: its arrivals, and what each request does.
+type phase struct {
+	ctx      context.Context
+	rt       generator
+	w        Workload
+	rec      *recorder // nil: the warm-up, recorded nowhere
+	base     int       // the first request's index in the workload
+	deadline <-chan struct{}
+	issued   atomic.Int64
+	convs    int // conversations in the phase (0: until the deadline)
+	wg       sync.WaitGroup
+}
+
+// next hands out the next conversation's index (a request's, with one
+// turn each), or false when the phase's arrivals are over.
+func (ph *phase) next() (int, bool) {
+	select {
+	case <-ph.deadline:
+		return 0, false
+	case <-ph.ctx.Done():
+		return 0, false
+	default:
+	}
+	i := int(ph.issued.Add(1)) - 1
+	if ph.convs > 0 && i >= ph.convs {
+		return 0, false
+	}
+	if ph.rec != nil && ph.convs > 0 && i == ph.convs-1 {
+		ph.rec.arrivalsOver(time.Now())
+	}
+	return i, true
+}
+
+// one runs one request and records it; it returns the tokens generated
+// when the workload has turns (the next turn's history).
+func (ph *phase) one(req route.Request, arrival time.Time, turn int) []int32 {
+	if ph.rec != nil {
+		ph.rec.prompts.Add(int64(len(req.Prompt)))
+	}
+	tr := &reqTrace{arrival: arrival, turn: turn}
+	tr.times = make([]time.Time, 0, req.MaxTokens)
+	var out []int32
+	st, err := ph.rt.Generate(ph.ctx, req, func(tok int32) error {
+		tr.times = append(tr.times, time.Now())
+		if ph.w.Turns > 1 {
+			out = append(out, tok)
+		}
+		return nil
+	})
+	if err == nil && len(tr.times) != req.MaxTokens {
+		err = fmt.Errorf("load: %d of %d tokens", len(tr.times), req.MaxTokens)
+	}
+	if ph.rec != nil && ph.ctx.Err() == nil {
+		ph.rec.finish(tr, st, err, ph.w.SLO)
+	}
+	return out
+}
+
+// conversation runs conversation c's turns one after another, each
+// sending the history so far and its own message; arrival is its first
+// turn's.
+func (ph *phase) conversation(c int, arrival time.Time) {
+	w := ph.w
+	first := ph.base + c*w.turns()
+	req := w.request(first)
+	history := slices.Clone(req.Prompt)
+	for t := range w.turns() {
+		if t > 0 {
+			req = w.message(first + t)
+			req.Prompt = slices.Concat(history, req.Prompt)
+			history = req.Prompt
+			arrival = time.Now()
+		}
+		out := ph.one(req, arrival, t)
+		if ph.ctx.Err() != nil {
+			return
+		}
+		history = slices.Concat(history, out)
+	}
+}
+
+// closedLoop keeps Concurrency conversations in flight until the arrivals
+// are over.
+func (ph *phase) closedLoop() {
+	for range ph.w.Concurrency {
+		ph.wg.Go(func() {
+			for {
+				i, ok := ph.next()
+				if !ok {
+					return
+				}
+				ph.conversation(i, time.Now())
+			}
+		})
+	}
+	ph.wg.Wait()
+}
+
+// openLoop starts conversations at the workload's arrival times, shedding
+// those that find maxInflight in flight.
+func (ph *phase) openLoop(maxInflight int) {
+	defer ph.wg.Wait()
+	gap := ph.w.arrivals()
 	var inflight atomic.Int64
 	at := time.Now()
 	for {
@@ -512,34 +541,31 @@ func drive(ctx context.Context, rt generator, w Workload, opts RunOptions, rec *
 			tm := time.NewTimer(d)
 			select {
 			case <-tm.C:
-			case <-deadline:
+			case <-ph.deadline:
 				tm.Stop()
-				wg.Wait()
 				return
-			case <-ctx.Done():
+			case <-ph.ctx.Done():
 				tm.Stop()
-				wg.Wait()
 				return
 			}
 		}
-		i, ok := next()
+		i, ok := ph.next()
 		if !ok {
-			break
+			return
 		}
-		if inflight.Load() >= int64(opts.MaxInflight) {
-			if rec != nil {
-				rec.finish(&reqTrace{arrival: at}, route.Stats{}, errShed, w.SLO)
+		if inflight.Load() >= int64(maxInflight) {
+			if ph.rec != nil {
+				ph.rec.finish(&reqTrace{arrival: at}, route.Stats{}, errShed, ph.w.SLO)
 			}
 			continue
 		}
 		inflight.Add(1)
 		arrival := at
-		wg.Go(func() {
+		ph.wg.Go(func() {
 			defer inflight.Add(-1)
-			conversation(i, arrival)
+			ph.conversation(i, arrival)
 		})
 	}
-	wg.Wait()
 }
 
 // progress prints a live line until the returned stop is called.
