@@ -35,14 +35,8 @@ func (b *Buffer) Bytes() []byte {
 // Len is the length of the buffer.
 func (b *Buffer) Len() int { return len(b.Bytes()) }
 
-// Truncate shortens the visible length to n (n <= Len).
-func (b *Buffer) Truncate(n int) {
-	checkLive(b)
-	*b.data = (*b.data)[:n]
-}
-
-// SetLen sets the visible length to n, within the buffer's capacity, after
-// the owner appended to Bytes() in place.
+// SetLen sets the visible length to n, within the buffer's capacity:
+// shorter, or longer after the owner appended to Bytes() in place.
 func (b *Buffer) SetLen(n int) {
 	checkLive(b)
 	*b.data = (*b.data)[:n]

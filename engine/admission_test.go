@@ -6,6 +6,7 @@ import (
 	"time"
 
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/tensorname"
 )
 
 // Scenario: admitted sessions outgrow the KV budget (256 cells, four
@@ -78,7 +79,7 @@ func TestReservedAdmission(t *testing.T) {
 	whole, _ := tinyFiles(t)
 	w := startLlama(t, whole, Config{MaxSessions: 4, EvictGrace: time.Hour})
 	first := func(s *session, step uint64, length int32, ids ...int32) outcome {
-		s.chunk(s.envelope(step, prefill, 0, len(ids), 0), s.tokensTensor(ids), s.scalar(nameSessionTokens, length))
+		s.chunk(s.envelope(step, prefill, 0, len(ids), 0), s.tokensTensor(ids), s.scalar(tensorname.SessionTokens, length))
 		return s.result()
 	}
 	a, b := w.open(t, "resv-a", 1), w.open(t, "resv-b", 1)

@@ -16,6 +16,7 @@ import (
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/race"
+	"github.com/meshnet/shardd/internal/tensorname"
 	"github.com/meshnet/shardd/stages/decode"
 	"github.com/meshnet/shardd/stages/frameout"
 )
@@ -152,14 +153,14 @@ func sessionDecodeStepAllocs(t *testing.T, first, last bool) {
 			for i := range rows {
 				binary.LittleEndian.PutUint32(body[4*i:], uint32(i+3)%uint32(fb.Shape.Vocab))
 			}
-			framer.Frame(nt, nameInputIDs, []int64{int64(rows)}, shardv1.DType_DTYPE_INT32, body, frameout.Options{})
+			framer.Frame(nt, tensorname.InputIDs, []int64{int64(rows)}, shardv1.DType_DTYPE_INT32, body, frameout.Options{})
 			return nt
 		}
 		body := make([]byte, 2*rows*fb.Shape.Hidden)
 		for i := range body {
 			body[i] = byte(i*7 + rows)
 		}
-		framer.Frame(nt, nameHidden, []int64{int64(rows), int64(fb.Shape.Hidden)}, shardv1.DType_DTYPE_BFLOAT16, body, frameout.Options{})
+		framer.Frame(nt, tensorname.Hidden, []int64{int64(rows), int64(fb.Shape.Hidden)}, shardv1.DType_DTYPE_BFLOAT16, body, frameout.Options{})
 		return nt
 	}
 	ms.reqs <- wire(t, &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Chunk{Chunk: &shardv1.ActivationChunk{

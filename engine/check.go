@@ -6,6 +6,7 @@ import (
 
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/tensorname"
 	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/kvcache"
 	"github.com/meshnet/shardd/stages"
@@ -146,7 +147,7 @@ func (e *Engine) parseBundle(w *work, b *shardv1.TensorBundle, zstdOK bool) erro
 	var haveInput bool
 	for _, nt := range b.Tensors {
 		switch nt.Name {
-		case nameInputIDs, nameHidden:
+		case tensorname.InputIDs, tensorname.Hidden:
 			if haveInput {
 				return wireerr.Errorf(ErrUnknownTensor, "two input tensors")
 			}
@@ -154,18 +155,18 @@ func (e *Engine) parseBundle(w *work, b *shardv1.TensorBundle, zstdOK bool) erro
 			if err := e.parseInput(w, nt, zstdOK); err != nil {
 				return err
 			}
-		case nameOutputPositions:
+		case tensorname.OutputPositions:
 			if err := e.parsePositions(w, nt, zstdOK); err != nil {
 				return err
 			}
-		case nameLogitsTopK:
+		case tensorname.LogitsTopK:
 			if err := e.optional(nt.Name); err != nil {
 				return err
 			}
 			if err := e.parseTopK(w, nt, zstdOK); err != nil {
 				return err
 			}
-		case nameSessionTokens:
+		case tensorname.SessionTokens:
 			if err := e.optional(nt.Name); err != nil {
 				return err
 			}
@@ -196,9 +197,9 @@ func (e *Engine) optional(name string) error {
 
 func (e *Engine) inputName() string {
 	if e.info.TokensIn {
-		return nameInputIDs
+		return tensorname.InputIDs
 	}
-	return nameHidden
+	return tensorname.Hidden
 }
 
 // parseInput validates the input tensor of a chunk or decode step.
@@ -261,7 +262,7 @@ func (e *Engine) parseInput(w *work, nt *shardv1.NamedTensor, zstdOK bool) error
 // relay like any tensor; only a shard that produces logits takes it.
 func (e *Engine) parseTopK(w *work, nt *shardv1.NamedTensor, zstdOK bool) error {
 	if !e.info.LogitsOut {
-		return wireerr.Errorf(ErrUnknownTensor, "%s: this shard returns hidden states", nameLogitsTopK)
+		return wireerr.Errorf(ErrUnknownTensor, "%s: this shard returns hidden states", tensorname.LogitsTopK)
 	}
 	k, err := e.parseScalar(nt, zstdOK, 1, maxTopK)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/argmax"
+	"github.com/meshnet/shardd/internal/tensorname"
 	"github.com/meshnet/shardd/stages"
 	"github.com/meshnet/shardd/stages/checksum"
 	"github.com/meshnet/shardd/stages/frameout"
@@ -17,7 +18,7 @@ import (
 )
 
 // topKTensor frames a logits_top_k request for k.
-func (s *session) topKTensor(k int32) *shardv1.NamedTensor { return s.scalar(nameLogitsTopK, k) }
+func (s *session) topKTensor(k int32) *shardv1.NamedTensor { return s.scalar(tensorname.LogitsTopK, k) }
 
 // scalar frames a tensor holding one INT32.
 func (s *session) scalar(name string, v int32) *shardv1.NamedTensor {
@@ -51,7 +52,7 @@ func TestCompactOutput(t *testing.T) {
 	const k = 7
 	positions := func(s *session) *shardv1.NamedTensor {
 		pos := s.tokensTensor([]int32{1, 3})
-		pos.Name = nameOutputPositions
+		pos.Name = tensorname.OutputPositions
 		return pos
 	}
 	prompt := []int32{5, 9, 2, 77}
@@ -65,7 +66,7 @@ func TestCompactOutput(t *testing.T) {
 		logits := payload(t, a.chunk.Bundle.Tensors[0])
 		vocab := int(a.chunk.Bundle.Tensors[0].Shape[1])
 		ts := b.chunk.Bundle.Tensors
-		if len(ts) != 2 || ts[0].Name != nameTopValues || ts[1].Name != nameTopIDs ||
+		if len(ts) != 2 || ts[0].Name != tensorname.TopValues || ts[1].Name != tensorname.TopIDs ||
 			!slices.Equal(ts[0].Shape, []int64{a.chunk.Bundle.Tensors[0].Shape[0], k}) || !slices.Equal(ts[1].Shape, ts[0].Shape) {
 			t.Fatalf("%s: compact output %v", what, ts)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/tensorname"
 )
 
 // FuzzSession feeds the Session handler arbitrary request sequences over a
@@ -34,7 +35,7 @@ func FuzzSession(f *testing.F) {
 		for _, x := range v {
 			b = binary.LittleEndian.AppendUint32(b, uint32(x))
 		}
-		return &shardv1.NamedTensor{Name: nameInputIDs, Shape: []int64{int64(len(v))}, Dtype: shardv1.DType_DTYPE_INT32,
+		return &shardv1.NamedTensor{Name: tensorname.InputIDs, Shape: []int64{int64(len(v))}, Dtype: shardv1.DType_DTYPE_INT32,
 			TotalBytes: uint64(len(b)), Fragments: []*shardv1.TensorFragment{{FragmentCount: 1, Payload: b}}}
 	}
 	open := &shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Open{Open: w.openMsg("fz", 1)}}

@@ -23,6 +23,7 @@ import (
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/internal/tensorname"
 	"github.com/meshnet/shardd/relay"
 	"github.com/meshnet/shardd/stages/frameout"
 )
@@ -230,14 +231,14 @@ func (s *session) tokensTensor(ids []int32) *shardv1.NamedTensor {
 		b = binary.LittleEndian.AppendUint32(b, uint32(id))
 	}
 	nt := &shardv1.NamedTensor{}
-	s.framer.Frame(nt, nameInputIDs, []int64{int64(len(ids))}, shardv1.DType_DTYPE_INT32, b, frameout.Options{})
+	s.framer.Frame(nt, tensorname.InputIDs, []int64{int64(len(ids))}, shardv1.DType_DTYPE_INT32, b, frameout.Options{})
 	return nt
 }
 
 // hiddenTensor frames a body already in the wire dtype.
 func (s *session) hiddenTensor(body []byte, tokens int, dt shardv1.DType) *shardv1.NamedTensor {
 	nt := &shardv1.NamedTensor{}
-	s.framer.Frame(nt, nameHidden, []int64{int64(tokens), int64(s.w.info.Hidden)}, dt, body, frameout.Options{})
+	s.framer.Frame(nt, tensorname.Hidden, []int64{int64(tokens), int64(s.w.info.Hidden)}, dt, body, frameout.Options{})
 	return nt
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/meshnet/shardd/backend"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/argmax"
+	"github.com/meshnet/shardd/internal/tensorname"
 	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/kvcache"
 	"github.com/meshnet/shardd/stages/dtype"
@@ -98,7 +99,7 @@ func (s *scheduler) distribute(out *backend.Output) {
 		w := p.w
 		if w.out == nil {
 			w.out = s.pool.Alloc(s.outBytes(w))
-			w.out.Truncate(0)
+			w.out.SetLen(0)
 		}
 		buf := w.out.Bytes()
 		if info.LogitsOut {
@@ -183,13 +184,13 @@ func (s *scheduler) complete(w *work) {
 			buf = binary.LittleEndian.AppendUint32(buf, uint32(id))
 		}
 		r.body.SetLen(len(buf))
-		r.name, r.dtype, r.shape = nameTopValues, shardv1.DType_DTYPE_FLOAT32, [2]int64{int64(w.outRows), int64(w.topK)}
+		r.name, r.dtype, r.shape = tensorname.TopValues, shardv1.DType_DTYPE_FLOAT32, [2]int64{int64(w.outRows), int64(w.topK)}
 		r.outPos, r.topK = nil, w.topK
 	} else if s.info.LogitsOut {
-		r.name, r.dtype, r.shape = nameLogits, shardv1.DType_DTYPE_FLOAT32, [2]int64{int64(w.outRows), int64(s.info.Vocab)}
+		r.name, r.dtype, r.shape = tensorname.Logits, shardv1.DType_DTYPE_FLOAT32, [2]int64{int64(w.outRows), int64(s.info.Vocab)}
 		r.outPos = nil
 	} else {
-		r.name, r.dtype, r.shape = nameHidden, s.cfg.Boundary, [2]int64{int64(w.tokens), int64(s.info.Hidden)}
+		r.name, r.dtype, r.shape = tensorname.Hidden, s.cfg.Boundary, [2]int64{int64(w.tokens), int64(s.info.Hidden)}
 	}
 	if w.mode == shardv1.CacheMode_CACHE_MODE_STATELESS {
 		s.fx.trim(s.scratch, 0)

@@ -278,7 +278,7 @@ func (s *scheduler) prefixHit(w *work) admitResult {
 	n := end - w.first
 	if c.rowBytes > 0 {
 		w.out = s.pool.Alloc(s.outBytes(w))
-		w.out.Truncate(0)
+		w.out.SetLen(0)
 		buf := append(w.out.Bytes(), e.out[w.first*c.rowBytes:end*c.rowBytes]...)
 		w.out.SetLen(len(buf))
 		w.outRows = n

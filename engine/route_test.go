@@ -7,6 +7,7 @@ import (
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/backend/llamacpp"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/tensorname"
 	"github.com/meshnet/shardd/verify"
 )
 
@@ -184,7 +185,7 @@ func TestChunkedPrefillAndOutputPositions(t *testing.T) {
 	env = s.envelope(2, prefill, 3, 3, 0)
 	env.Chunk = &shardv1.ChunkInfo{ChunkIndex: 1, ChunkCount: 2, FinalChunk: true}
 	pos := s.tokensTensor([]int32{3, 5})
-	pos.Name = nameOutputPositions
+	pos.Name = tensorname.OutputPositions
 	s.chunk(env, s.tokensTensor([]int32{4, 5, 6}), pos)
 	o := s.result()
 	if o.ack == nil || o.ack.CacheResult.PastLen != 6 || !o.ack.CacheResult.CacheHit {

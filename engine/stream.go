@@ -13,6 +13,7 @@ import (
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/tensorname"
 	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/stages/decode"
 	"github.com/meshnet/shardd/stages/frameout"
@@ -225,7 +226,7 @@ func (st *stream) sendResult(out *outMsgs, r *result, dup bool) error {
 	out.bundle.BundleVersion = 1
 	out.bundle.Tensors = append(out.bundle.Tensors[:0], &out.main)
 	if r.topK > 0 {
-		defer releaseIf(e.framer.Frame(&out.topIDs, nameTopIDs, r.shape[:], shardv1.DType_DTYPE_INT32, ids, opts))
+		defer releaseIf(e.framer.Frame(&out.topIDs, tensorname.TopIDs, r.shape[:], shardv1.DType_DTYPE_INT32, ids, opts))
 		out.bundle.Tensors = append(out.bundle.Tensors, &out.topIDs)
 	}
 	if len(r.outPos) > 0 {
@@ -233,7 +234,7 @@ func (st *stream) sendResult(out *outMsgs, r *result, dup bool) error {
 		for _, p := range r.outPos {
 			out.posBytes = append(out.posBytes, byte(p), byte(p>>8), byte(p>>16), byte(p>>24))
 		}
-		e.framer.Frame(&out.positions, nameOutputPositions, []int64{int64(len(r.outPos))}, shardv1.DType_DTYPE_INT32, out.posBytes, frameout.Options{})
+		e.framer.Frame(&out.positions, tensorname.OutputPositions, []int64{int64(len(r.outPos))}, shardv1.DType_DTYPE_INT32, out.posBytes, frameout.Options{})
 		out.bundle.Tensors = append(out.bundle.Tensors, &out.positions)
 	}
 	out.chunk.Envelope, out.chunk.Bundle = env, &out.bundle

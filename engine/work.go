@@ -7,29 +7,13 @@ import (
 
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
-	"github.com/meshnet/shardd/internal/feature"
 	"github.com/meshnet/shardd/kvcache"
 	"github.com/meshnet/shardd/stages"
 	"github.com/meshnet/shardd/stages/decode"
 )
 
-// Boundary tensor names.
-const (
-	nameInputIDs        = "input_ids"
-	nameHidden          = "hidden_states"
-	nameLogits          = "logits"
-	nameOutputPositions = "output_positions"
-	// Compact output (see parseTopK): the head asks a last shard for the
-	// best K logits of each output row instead of the whole row.
-	nameLogitsTopK = feature.LogitsTopK
-	nameTopValues  = "logits_top_values"
-	nameTopIDs     = "logits_top_ids"
-	maxTopK        = 1024
-	// nameSessionTokens: in a prefill chunk at position 0, the length the
-	// session will reach (its prompt plus the head's maximum new tokens);
-	// the worker reserves that many KV tokens for it (kvcache.Store.Begin).
-	nameSessionTokens = feature.SessionTokens
-)
+// maxTopK bounds the compact output's K (see parseTopK).
+const maxTopK = 1024
 
 // work is one unit of work: a prefill chunk or a decode step, from receipt to
 // its reply. Fields above the line are set by the receive goroutine; the

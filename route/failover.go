@@ -11,7 +11,9 @@ import (
 
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/tensorname"
 	"github.com/meshnet/shardd/stages"
+	"github.com/meshnet/shardd/stages/dtype"
 	"github.com/meshnet/shardd/stages/frameout"
 )
 
@@ -346,9 +348,9 @@ func (g *gen) replayBulk(i int) error {
 	for c := range count {
 		lo, hi := c*g.chunk, min(rows, (c+1)*g.chunk)
 		nt := &shardv1.NamedTensor{}
-		name, shape := "hidden_states", []int64{int64(hi - lo), int64(width / dtypeSize(dt))}
+		name, shape := tensorname.Hidden, []int64{int64(hi - lo), int64(width / dtype.Size(dt))}
 		if i == 0 {
-			name, shape = "input_ids", []int64{int64(hi - lo)}
+			name, shape = tensorname.InputIDs, []int64{int64(hi - lo)}
 		}
 		g.framer.Frame(nt, name, shape, dt, body[lo*width:hi*width], frameout.Options{})
 		u := &unit{step: g.hist[c].step, workID: g.hist[c].workID, first: lo, n: hi - lo, mode: shardv1.CacheMode_CACHE_MODE_PREFILL,

@@ -19,6 +19,7 @@ import (
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/feature"
 	"github.com/meshnet/shardd/internal/recipe"
+	"github.com/meshnet/shardd/internal/tensorname"
 	"github.com/meshnet/shardd/internal/tracectx"
 	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/stages"
@@ -227,7 +228,7 @@ func (r *Route) Generate(ctx context.Context, req Request, emit func(tok int32) 
 	if r.opts.CompactLogits && req.Logits == nil && g.hops[len(g.hops)-1].Features().Has(feature.LogitsTopK) {
 		g.askCompact(req.Sampling.Compact())
 	}
-	g.lenTensor = g.scalar(nameSessionTokens, min(len(req.Prompt)+max(req.MaxTokens, 1), 1<<30))
+	g.lenTensor = g.scalar(tensorname.SessionTokens, min(len(req.Prompt)+max(req.MaxTokens, 1), 1<<30))
 
 	start := time.Now()
 	g.promptLen = len(req.Prompt)
@@ -274,7 +275,7 @@ func (g *gen) askCompact(k int) {
 		return
 	}
 	g.topK, g.stats.Compact = k, k
-	g.topKTensor = g.scalar(nameLogitsTopK, k)
+	g.topKTensor = g.scalar(tensorname.LogitsTopK, k)
 }
 
 // scalar frames a tensor that holds one INT32.
@@ -554,7 +555,7 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 		body = binary.LittleEndian.AppendUint32(body, uint32(id))
 	}
 	tensor := &shardv1.NamedTensor{}
-	g.framer.Frame(tensor, "input_ids", []int64{int64(len(ids))}, shardv1.DType_DTYPE_INT32, body, frameout.Options{})
+	g.framer.Frame(tensor, tensorname.InputIDs, []int64{int64(len(ids))}, shardv1.DType_DTYPE_INT32, body, frameout.Options{})
 	u := &unit{step: g.step, workID: fmt.Sprintf("%s/%d", g.id, g.step), first: first, n: len(ids), mode: mode, info: info,
 		in: make([]*shardv1.NamedTensor, len(g.streams))}
 	if first == 0 && mode == shardv1.CacheMode_CACHE_MODE_PREFILL {
@@ -892,7 +893,7 @@ func (g *gen) checkOutput(i int, ts []*shardv1.NamedTensor, rows int) error {
 	}
 	nt := ts[0]
 	if i == len(g.streams)-1 {
-		if nt.Name != "logits" || nt.Dtype != shardv1.DType_DTYPE_FLOAT32 {
+		if nt.Name != tensorname.Logits || nt.Dtype != shardv1.DType_DTYPE_FLOAT32 {
 			return bad("the last hop returned %.64q as %s, want logits as FLOAT32", nt.Name, nt.Dtype)
 		}
 		if len(nt.Shape) != 2 || nt.Shape[0] < 1 || nt.Shape[0] > int64(rows) || nt.Shape[1] < 1 || nt.Shape[1] > maxVocab ||
@@ -901,7 +902,7 @@ func (g *gen) checkOutput(i int, ts []*shardv1.NamedTensor, rows int) error {
 		}
 		return nil
 	}
-	if nt.Name != "hidden_states" || (nt.Dtype != shardv1.DType_DTYPE_BFLOAT16 && nt.Dtype != shardv1.DType_DTYPE_FLOAT32) {
+	if nt.Name != tensorname.Hidden || (nt.Dtype != shardv1.DType_DTYPE_BFLOAT16 && nt.Dtype != shardv1.DType_DTYPE_FLOAT32) {
 		return bad("returned %.64q as %s, want hidden_states as BFLOAT16 or FLOAT32", nt.Name, nt.Dtype)
 	}
 	width := &g.streams[i].hidden
@@ -909,16 +910,8 @@ func (g *gen) checkOutput(i int, ts []*shardv1.NamedTensor, rows int) error {
 		return bad("hidden_states shape %v for %d input rows", nt.Shape, rows)
 	}
 	*width = nt.Shape[1]
-	g.streams[i].hop.rowBytes.Store(nt.Shape[1] * int64(dtypeSize(nt.Dtype)))
+	g.streams[i].hop.rowBytes.Store(nt.Shape[1] * int64(dtype.Size(nt.Dtype)))
 	return nil
-}
-
-// dtypeSize is the bytes of one element of a hidden-state dtype.
-func dtypeSize(d shardv1.DType) int {
-	if d == shardv1.DType_DTYPE_FLOAT32 {
-		return 4
-	}
-	return 2
 }
 
 // checkTop refuses a last hop's compact output of the wrong form: the two
@@ -929,9 +922,9 @@ func (g *gen) checkTop(ts []*shardv1.NamedTensor, rows int, bad func(string, ...
 		return bad("%d output tensors, want the compact output's 2", len(ts))
 	}
 	v, id := ts[0], ts[1]
-	if v.Name != nameTopValues || v.Dtype != shardv1.DType_DTYPE_FLOAT32 || id.Name != nameTopIDs || id.Dtype != shardv1.DType_DTYPE_INT32 {
+	if v.Name != tensorname.TopValues || v.Dtype != shardv1.DType_DTYPE_FLOAT32 || id.Name != tensorname.TopIDs || id.Dtype != shardv1.DType_DTYPE_INT32 {
 		return bad("the last hop returned %.64q as %s and %.64q as %s, want %s as FLOAT32 and %s as INT32",
-			v.Name, v.Dtype, id.Name, id.Dtype, nameTopValues, nameTopIDs)
+			v.Name, v.Dtype, id.Name, id.Dtype, tensorname.TopValues, tensorname.TopIDs)
 	}
 	if len(v.Shape) != 2 || v.Shape[0] < 1 || v.Shape[0] > int64(rows) || v.Shape[1] < 1 || v.Shape[1] > int64(g.topK) ||
 		!slices.Equal(v.Shape, id.Shape) {
@@ -1001,15 +994,6 @@ func (g *gen) wholeRow(addr string) error {
 	g.stats.Vocab = k
 	return nil
 }
-
-// Tensors beside the input (see engine.parseTopK and engine's
-// nameSessionTokens).
-const (
-	nameSessionTokens = "session_tokens"
-	nameLogitsTopK    = "logits_top_k"
-	nameTopValues     = "logits_top_values"
-	nameTopIDs        = "logits_top_ids"
-)
 
 // Bounds on what a worker may claim: no model the head drives is wider.
 const (

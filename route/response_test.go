@@ -12,6 +12,7 @@ import (
 
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/tensorname"
 	"github.com/meshnet/shardd/stages/checksum"
 	"github.com/meshnet/shardd/stages/dtype"
 	"github.com/meshnet/shardd/stages/frameout"
@@ -146,8 +147,8 @@ func compactOf(f *frameout.Framer, vals []float32, ids []int32) []*shardv1.Named
 	}
 	shape := []int64{1, int64(len(ids))}
 	return []*shardv1.NamedTensor{
-		frame(f, nameTopValues, shape, shardv1.DType_DTYPE_FLOAT32, dtype.AppendF32Bytes(nil, vals)),
-		frame(f, nameTopIDs, slices.Clone(shape), shardv1.DType_DTYPE_INT32, ib),
+		frame(f, tensorname.TopValues, shape, shardv1.DType_DTYPE_FLOAT32, dtype.AppendF32Bytes(nil, vals)),
+		frame(f, tensorname.TopIDs, slices.Clone(shape), shardv1.DType_DTYPE_INT32, ib),
 	}
 }
 

@@ -116,7 +116,7 @@ func (f *Framer) compress(body []byte) (*bufpool.Buffer, bool) {
 		buf.Release()
 		return nil, false
 	}
-	buf.Truncate(len(out))
+	buf.SetLen(len(out))
 	return buf, true
 }
 
