@@ -631,23 +631,23 @@ const killWindow = 3 * time.Second
 func (r *recorder) aroundKill() (before, after float64) {
 	k := int(r.killAt.Sub(r.start) / tickDur)
 	w := int(killWindow / tickDur)
-	sum := func(from, to int) (float64, bool) {
+	rate := func(from, to int) float64 {
 		if from < 0 || to > len(r.perTick) {
-			return 0, false
+			return 0
 		}
 		n := 0
 		for _, c := range r.perTick[from:to] {
 			n += c
 		}
-		return float64(n) / killWindow.Seconds(), true
+		return float64(n) / killWindow.Seconds()
 	}
-	before, _ = sum(k-w, k)
+	before = rate(k-w, k)
 	last := r.cutoff
 	if last.IsZero() {
 		last = r.lastDone
 	}
 	if int(last.Sub(r.start)/tickDur) >= k+w {
-		after, _ = sum(k, k+w)
+		after = rate(k, k+w)
 	}
 	return before, after
 }
