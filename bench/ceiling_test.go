@@ -74,7 +74,12 @@ func decodeCeiling(b *testing.B, sessions int) {
 	shardv1.RegisterShardRuntimeServer(srv, eng)
 	go srv.Serve(lis)
 	defer func() { srv.Stop(); eng.Close(); served.Close() }()
-	rt, err := route.Dial(context.Background(), []string{lis.Addr().String()}, route.Options{})
+	// The worker returns each row's greedy token (compact logits), as the
+	// front door asks for greedy requests: the in-process side takes the
+	// same argmax in its own process, and a whole row back (1 MiB a row
+	// for Gemma 3's vocabulary) would measure the wire and the head's
+	// argmax on the worker's CPU instead.
+	rt, err := route.Dial(context.Background(), []string{lis.Addr().String()}, route.Options{CompactLogits: true})
 	if err != nil {
 		b.Fatal(err)
 	}
