@@ -14,7 +14,7 @@ import (
 type Config struct {
 	// MaxSessions: route sessions holding KV state at once.
 	MaxSessions int
-	// Deterministic: a session's numbers are bitwise those it would get
+	// Exact: a session's numbers are bitwise those it would get
 	// alone, whatever else is batched. Decode forwards carry every ready
 	// session's step, prefill forwards prompt chunks of one length, each
 	// whole. The
@@ -22,7 +22,7 @@ type Config struct {
 	// (llamacpp.Config.SeparateKV), where its cells lie in position order,
 	// and its forward must be batch-invariant (the sgemm patch). It is
 	// part of the recipe.
-	Deterministic bool
+	Exact bool
 	// SessionTTL: an idle session's state is dropped after this long.
 	SessionTTL time.Duration
 	// EvictGrace: a session used within this long keeps its state when

@@ -48,7 +48,7 @@
 //	  iteration; not twice in a row, nor one                                                                    TestPlanBurstNotPreempted,
 //	  that finishes more prompts than decode                                                                    TestDecodePreemptsPrefill
 //	no forward over the batch size              --max-batch                shardd.batch.occupancy               TestPlanBatchFull
-//	deterministic: every ready decode step in   --deterministic            shardd.streams.placeholder_rows,     TestPlanDeterministicTurns
+//	exact mode: every ready decode step in      --exact (--deterministic)  shardd.streams.placeholder_rows,     TestPlanExactTurns
 //	  one forward, prompt chunks of one length                             shardd.streams.copies
 //	  in another, each whole, decode and prefill
 //	  taking turns; sessions moved onto
@@ -87,7 +87,7 @@
 // and neither are rows a chain was fed but that never ran. Loaded into a
 // session alone (no other session holding cells: the buffer restarts at
 // cell 0 when it empties), an entry's cells lie in order again and the
-// session goes on as the whole model would. In the deterministic mode each
+// session goes on as the whole model would. In the exact mode each
 // session has a stream of its own, where its cells always lie in order.
 // Under -tags invariants the driver checks after every iteration that each
 // session's position is where its cells end (check_positions.go).

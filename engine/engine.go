@@ -102,7 +102,7 @@ func New(cfg Config, be backend.Backend, meta gguf.Meta, log *slog.Logger) *Engi
 		cfg:    cfg,
 		be:     be,
 		info:   info,
-		recipe: RecipeFor(info, meta, cfg.Boundary, cfg.Deterministic),
+		recipe: RecipeFor(info, meta, cfg.Boundary, cfg.Exact),
 		pool:   pool,
 		recv: receive.New(receive.Config{
 			Budget:   reassemble.Budget{MaxTensorBytes: cfg.MaxTensorBytes},

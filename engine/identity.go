@@ -30,12 +30,12 @@ type Recipe struct {
 	// output_norm, which only the last shard applies.
 	TailNorm string
 	Arch     string
-	// Deterministic: each session with a KV stream of its own and every
-	// operation of the forward batch-invariant (Config.Deterministic), so
+	// Exact: each session with a KV stream of its own and every
+	// operation of the forward batch-invariant (Config.Exact), so
 	// its numbers do not depend on what else runs. (The recipe line says
 	// "batching=per-session", as it did when forwards carried one
 	// session's rows: the numbers are the same, and so is the digest.)
-	Deterministic bool
+	Exact bool
 }
 
 // Canonical is the digested form: one key=value per line, fixed order.
@@ -62,9 +62,9 @@ func (r Recipe) Lines() []string {
 	return lines
 }
 
-// batching is the recipe line of the deterministic mode (none otherwise).
+// batching is the recipe line of the exact mode (none otherwise).
 func (r Recipe) batching() string {
-	if r.Deterministic {
+	if r.Exact {
 		return "batching=per-session,kv=per-session"
 	}
 	return ""
@@ -78,7 +78,7 @@ func (r Recipe) Digest() string {
 
 // RecipeFor returns the recipe of a backend serving meta with the given
 // boundary dtype.
-func RecipeFor(info backend.Info, meta gguf.Meta, boundary shardv1.DType, deterministic bool) Recipe {
+func RecipeFor(info backend.Info, meta gguf.Meta, boundary shardv1.DType, exact bool) Recipe {
 	b := "bf16"
 	if boundary == shardv1.DType_DTYPE_FLOAT32 {
 		b = "f32"
@@ -92,7 +92,7 @@ func RecipeFor(info backend.Info, meta gguf.Meta, boundary shardv1.DType, determ
 		TailNorm: "residual-before-output-norm",
 		Arch:     meta.Arch,
 
-		Deterministic: deterministic,
+		Exact: exact,
 	}
 }
 

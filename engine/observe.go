@@ -132,9 +132,9 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	counter("shardd.prefill.beside_probes", "decode iterations that took --iteration-tokens prefill rows while waiting prompts got none at the measured price, to price them again", e.statBesideProbes.Load)
 	counter("shardd.decode_due.waits", "prefill-only iterations not started because a decode step was due before one prefill token would finish", e.statDueWaits.Load)
 	if ss, ok := e.be.(backend.StreamStater); ok {
-		counter("shardd.streams.placeholder_rows", "--deterministic: rows run only to fill a gap between the KV streams of a forward's sessions",
+		counter("shardd.streams.placeholder_rows", "--exact: rows run only to fill a gap between the KV streams of a forward's sessions",
 			func() int64 { n, _ := ss.StreamStats(); return n })
-		counter("shardd.streams.copies", "--deterministic: KV streams copied to bring a forward's sessions onto consecutive streams",
+		counter("shardd.streams.copies", "--exact: KV streams copied to bring a forward's sessions onto consecutive streams",
 			func() int64 { _, n := ss.StreamStats(); return n })
 	}
 	o.occupancy, _ = m.Int64Histogram("shardd.batch.rows", metric.WithDescription("rows in each forward call"),

@@ -119,7 +119,7 @@ func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
 	if wait {
 		return forwardPlan{}, false
 	}
-	if s.cfg.Deterministic {
+	if s.cfg.Exact {
 		decodes, prefills, budget = s.exactTurns(decodes, prefills, budget)
 	}
 	rows := s.fill(now, decodes, prefills, budget)
@@ -247,7 +247,7 @@ func (s *scheduler) budgetBeforeStep(now time.Time, prefills []*sessQueue) (int,
 	return min(budget, n), false
 }
 
-// exactTurns is the deterministic mode's plan: decode steps and prefill
+// exactTurns is the exact mode's plan: decode steps and prefill
 // chunks take turns while both wait, so neither starves the other. A
 // decode turn carries every decode step that is ready (one row each, the
 // backend computes them together); a prefill turn one session's chunk,
@@ -361,7 +361,7 @@ func (s *scheduler) preemptible(now time.Time, decodes int) bool {
 // kept prefill-only iterations from starting: at 32 sessions the median
 // time to an 8-token prompt's first token was 9.4 s.
 func (s *scheduler) promptsOutnumber(prefills []*sessQueue, decodes int, now time.Time) bool {
-	if s.cfg.Deterministic || len(prefills) <= decodes {
+	if s.cfg.Exact || len(prefills) <= decodes {
 		return false
 	}
 	decoding := max(decodes, s.gather.active(now, time.Second))

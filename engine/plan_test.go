@@ -697,12 +697,12 @@ func TestPlanBatchFull(t *testing.T) {
 	}
 }
 
-// The deterministic mode: decode steps and prefill chunks take turns while
+// The exact mode: decode steps and prefill chunks take turns while
 // both wait; a decode turn carries every ready session's step (all of a,
 // b and c in one forward, not one session's row), a prefill turn one
 // session's chunk, whole (6 tokens although iterations take 2).
-func TestPlanDeterministicTurns(t *testing.T) {
-	sc := newScript(t, Config{Deterministic: true, PrefillIterationTokens: 2, IterationTokens: 2, DecodeGroups: -1}, func(i *backend.Info) { i.MaxSeqs = 8 })
+func TestPlanExactTurns(t *testing.T) {
+	sc := newScript(t, Config{Exact: true, PrefillIterationTokens: 2, IterationTokens: 2, DecodeGroups: -1}, func(i *backend.Info) { i.MaxSeqs = 8 })
 	sc.prefilled(2, "a", "b", "c")
 	sc.submit("a", 0)
 	sc.submit("b", 0)
@@ -718,7 +718,7 @@ func TestPlanDeterministicTurns(t *testing.T) {
 	// Prompt chunks of one length share a forward within the budget (8
 	// rows: two of 3), each whole; a chunk of another length waits for a
 	// turn of its own.
-	sc = newScript(t, Config{Deterministic: true, PrefillIterationTokens: 8, IterationTokens: 2, DecodeGroups: -1}, func(i *backend.Info) { i.MaxSeqs = 8 })
+	sc = newScript(t, Config{Exact: true, PrefillIterationTokens: 8, IterationTokens: 2, DecodeGroups: -1}, func(i *backend.Info) { i.MaxSeqs = 8 })
 	sc.submit("p", 3)
 	sc.submit("q", 5)
 	sc.submit("r", 3)

@@ -42,7 +42,7 @@ type scheduler struct {
 	decodes, prefills []*sessQueue
 	rr                int
 	pending           int
-	// together: the deterministic mode's prompt chunks of one forward.
+	// together: the exact mode's prompt chunks of one forward.
 	together []*sessQueue
 
 	planned []planned
@@ -90,7 +90,7 @@ type scheduler struct {
 	// preemptions counts prefill-only iterations a decode step stopped.
 	preemptions int64
 	// prefillTurn alternates decode steps and prefill chunks in the
-	// deterministic mode while both wait.
+	// exact mode while both wait.
 	prefillTurn bool
 	// preempted: the last prefill-only iteration was preempted, so the
 	// next one runs to its end.
@@ -123,7 +123,7 @@ func (s *scheduler) init(cfg Config, info backend.Info, pool *bufpool.Pool, timi
 	}
 	s.scratch = info.MaxSeqs - 1
 	sessionTokens := 0
-	if cfg.Deterministic && info.MaxSeqs > 0 {
+	if cfg.Exact && info.MaxSeqs > 0 {
 		sessionTokens = info.CtxTokens / info.MaxSeqs // a KV stream per sequence
 	}
 	s.store = kvcache.New(kvcache.Config{

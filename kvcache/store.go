@@ -79,7 +79,7 @@ type Config struct {
 	MaxSessions int // at most this many sessions hold state (<= sequences available)
 	MaxTokens   int // KV tokens across all sessions
 	// SessionTokens, when positive, caps each session's tokens: a backend
-	// that gives every session a KV stream of its own (the deterministic
+	// that gives every session a KV stream of its own (the exact
 	// mode) holds no more per session, whatever is free elsewhere.
 	SessionTokens int
 	TTL           time.Duration

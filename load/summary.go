@@ -126,7 +126,7 @@ type Summary struct {
 	// StreamPlaceholders and StreamCopies are, per hop, the placeholder
 	// rows its decode forwards ran between KV streams and the streams it
 	// copied to bring a forward's sessions together, during the run
-	// (--deterministic workers: shardd_streams_placeholder_rows_total,
+	// (--exact workers: shardd_streams_placeholder_rows_total,
 	// shardd_streams_copies_total).
 	StreamPlaceholders []int64 `json:"stream_placeholder_rows,omitempty"`
 	StreamCopies       []int64 `json:"stream_copies,omitempty"`

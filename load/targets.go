@@ -206,7 +206,7 @@ func SessionArgs(w Workload, levels []float64, sweepParam string) []string {
 	}
 	inflight = min(inflight+1, 255)
 	longest := w.PromptLens()[1] + w.LongestOutput()
-	// One session's worth more than in flight: a --deterministic worker
+	// One session's worth more than in flight: a --exact worker
 	// holds each session to --ctx-tokens/(--max-sessions+1).
 	return []string{"--max-sessions", strconv.Itoa(inflight), "--ctx-tokens", strconv.Itoa((inflight+1)*(longest+8) + 256)}
 }

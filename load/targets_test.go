@@ -51,7 +51,7 @@ func TestSessionArgsPairs(t *testing.T) {
 	w.Lengths.Pairs = [][2]int{{10, 50}, {30, 5}}
 	// The last turn: 2 messages of up to 30 and an answer of up to 50;
 	// then up to 50 more: 160 + 8 a session, 3 sessions and room for one
-	// more (a --deterministic worker's share), + 256.
+	// more (a --exact worker's share), + 256.
 	if got := strings.Join(SessionArgs(w, []float64{2}, ""), " "); got != "--max-sessions 3 --ctx-tokens 928" {
 		t.Fatalf("%s", got)
 	}

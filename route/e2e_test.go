@@ -213,7 +213,7 @@ const nearTie, nearTieSpan = 0.05, 6.0
 // Where the route is not bitwise the model (re-prefilled after a restart,
 // batched with other sessions) a near tie can go either way, and the
 // tokens after it then follow another path than verify.Greedy's: the
-// exact claim is TestDeterministicRoute's.
+// exact claim is TestExactRoute's.
 func checkGreedy(t *testing.T, model string, prompt, got []int32, roundAfter ...int) {
 	t.Helper()
 	checkGreedyTies(t, model, prompt, got, 2, 1, roundAfter...)

@@ -25,7 +25,7 @@ var failoverPrompts = []string{
 // with one standby per hop; hop 1's worker is killed (SIGKILL) 3 s in.
 // Every generation completes. At an f32 boundary each token is the whole
 // model's best given its prefix, near ties aside (checkGreedyTies); with
-// --deterministic workers and ReplayRecovery each generation is bitwise
+// --exact workers and ReplayRecovery each generation is bitwise
 // its uninterrupted run.
 func TestFailoverRealModel(t *testing.T) {
 	race.Numeric(t)
@@ -44,7 +44,7 @@ func TestFailoverRealModel(t *testing.T) {
 		t.Run(fmt.Sprintf("exact=%v", exact), func(t *testing.T) {
 			args := []string{"--max-sessions", "40", "--ctx-tokens", "8192", "--boundary", "f32"}
 			if exact {
-				args = []string{"--deterministic", "--max-sessions", "33", "--ctx-tokens", "8704", "--boundary", "f32"}
+				args = []string{"--exact", "--max-sessions", "33", "--ctx-tokens", "8704", "--boundary", "f32"}
 			}
 			var procs [2][2]*proc // [hop][worker, standby]
 			for h := range 2 {

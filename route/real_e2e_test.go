@@ -234,13 +234,13 @@ func TestCompactLogitsWholeVocabulary(t *testing.T) {
 	}
 }
 
-// TestRealModelDeterministic: the deterministic mode on the real
+// TestRealModelExact: the exact mode on the real
 // checkpoints, SmolLM2 on two workers and Gemma 3 on three (whose
 // sliding-window layers keep a second KV cache, which moves with the
 // first): six generations at once, two pairs of them with prompts of one
 // token count (their chunks can share a prefill forward), each equal its
 // own solo run token for token and logit for logit.
-func TestRealModelDeterministic(t *testing.T) {
+func TestRealModelExact(t *testing.T) {
 	race.Numeric(t)
 	const n = 16
 	texts := []string{
@@ -268,7 +268,7 @@ func TestRealModelDeterministic(t *testing.T) {
 			ports := make([]int, len(shards))
 			for i, s := range shards {
 				ports[i] = freePort(t)
-				procs = append(procs, serve(t, s, "127.0.0.1:0", "--deterministic", "--max-sessions", "8", "--ctx-tokens", "1152",
+				procs = append(procs, serve(t, s, "127.0.0.1:0", "--exact", "--max-sessions", "8", "--ctx-tokens", "1152",
 					"--metrics-listen", fmt.Sprint("127.0.0.1:", ports[i])))
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

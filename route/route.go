@@ -21,6 +21,16 @@
 // session id. A hop whose worker is gone moves to a standby
 // (Options.Alternates or Options.Replace), which alone replays the
 // session: failover.go. Many generations may run on one Route at once.
+//
+// Files, by what they own:
+//   - route.go: Options, Dial, the hops and the checks that they tile one model;
+//   - generate.go: a generation's loop (prefill chunks, decode steps, sampling);
+//   - hop.go: the exchange with one hop (framing, send, output and Ack, release);
+//   - output.go: checking each hop's output and decoding the last hop's logits;
+//   - retry.go: busy refusals, recipe changes and CACHE_MISS rebuilds;
+//   - failover.go and standby.go: moving a hop to a standby, and where
+//     standbys come from;
+//   - sample.go: the head's sampler; transport.go: relayed (frame) hops.
 package route
 
 import (
@@ -75,7 +85,7 @@ type Options struct {
 	// after a restart) in the shapes it was built in: the prompt in its
 	// chunks, then each generated token as a decode step of its own,
 	// instead of one prefill of the whole sequence. With workers in
-	// --deterministic mode the tokens after a recovery are then those of
+	// --exact mode the tokens after a recovery are then those of
 	// an uninterrupted run; it costs a round trip per generated token.
 	ReplayRecovery bool
 	// CompactLogits asks the last hop, in each unit of work, for the best
@@ -226,47 +236,6 @@ var (
 // cache misses: a worker short of slots or KV can evict a session between
 // the chunks of its prefill, and again during the rebuild.
 const maxRebuilds = 3
-
-// RefusedError is a worker's structured refusal of a unit of work (its
-// ShardStatus error). It matches ErrRefused with errors.Is.
-type RefusedError struct {
-	Addr   string
-	Code   shardv1.ErrorCode
-	Detail string
-	// Retryable: the worker said the same work may be retried unchanged.
-	Retryable bool
-}
-
-// busy reports whether err is a full worker's retryable refusal, which
-// the head rides out (Options.BusyTimeout).
-func busy(err error) bool {
-	var re *RefusedError
-	return errors.As(err, &re) && re.Retryable && re.Code == shardv1.ErrorCode_ERROR_CODE_RESOURCE_EXHAUSTED
-}
-
-func (e *RefusedError) Error() string {
-	return fmt.Sprintf("%v: %s: %s: %s", ErrRefused, e.Addr, e.Code, e.Detail)
-}
-
-func (e *RefusedError) Unwrap() error { return ErrRefused }
-
-// ResponseError is a worker's response the head cannot use (a wrong tensor
-// name, dtype, shape, size or checksum). It matches ErrResponse with
-// errors.Is. The step is not retried: a worker that answers so is broken,
-// not unlucky.
-type ResponseError struct {
-	Addr   string
-	Detail string
-}
-
-func (e *ResponseError) Error() string {
-	return fmt.Sprintf("%v: %s: %s", ErrResponse, e.Addr, e.Detail)
-}
-
-func (e *ResponseError) Unwrap() error { return ErrResponse }
-
-// maxResponseBytes bounds one message from a worker.
-const maxResponseBytes = 256 << 20
 
 // Dial connects to every hop (addresses as in transport.go) and checks that they form a route.
 func Dial(ctx context.Context, addrs []string, opts Options) (*Route, error) {

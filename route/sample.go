@@ -1,10 +1,11 @@
 package route
 
 import (
-	"github.com/meshnet/shardd/internal/argmax"
 	"math"
 	"math/rand/v2"
 	"slices"
+
+	"github.com/meshnet/shardd/internal/argmax"
 )
 
 // Sampling picks the next token from logits at the head. The zero value is

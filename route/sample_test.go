@@ -1,11 +1,12 @@
 package route
 
 import (
-	"github.com/meshnet/shardd/internal/argmax"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/meshnet/shardd/internal/argmax"
 )
 
 // randomLogits returns n logits spread like a language model's: most near

@@ -105,7 +105,7 @@ func TestRecoveryOntoAnotherRecipe(t *testing.T) {
 			got = append(got, tok)
 			if len(got) == 4 {
 				procs[1].stop()
-				procs[1] = serve(t, shards[1], procs[1].addr, "--deterministic")
+				procs[1] = serve(t, shards[1], procs[1].addr, "--exact")
 			}
 			return nil
 		})

@@ -93,7 +93,8 @@ type Config struct {
 	// SeparateKV gives each sequence a KV stream of its own
 	// (CtxTokens/MaxSeqs cells) instead of one buffer shared by all, so a
 	// sequence's cells lie in position order, as they would if it were
-	// alone (flash attention sums over them in cell order). A forward then
+	// alone (flash attention sums over them in cell order): the exact
+	// mode's layout (engine.Config.Exact). A forward then
 	// carries the rows of one sequence, or as many rows of each of several
 	// (decode steps, prompt chunks of one length; see streams).
 	SeparateKV bool

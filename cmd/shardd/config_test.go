@@ -14,15 +14,18 @@ import (
 // configuration, derived settings follow them, and values flags cannot
 // check are refused, all without opening a model or a port.
 func TestParseServe(t *testing.T) {
-	c, err := parseServe([]string{"--model", "m.gguf", "--max-sessions", "7", "--boundary", "f32", "--deterministic",
+	c, err := parseServe([]string{"--model", "m.gguf", "--max-sessions", "7", "--boundary", "f32", "--exact",
 		"--max-inflight", "3", "--decode-budget", "40ms", "--relay", "127.0.0.1:9/w1", "--pin-threads", "on", "--threads", "2"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e, b := c.engine, c.backend
-	if e.MaxSessions != 7 || b.MaxSeqs != 8 || e.Boundary != shardv1.DType_DTYPE_FLOAT32 || !e.Deterministic || !b.SeparateKV ||
+	if e.MaxSessions != 7 || b.MaxSeqs != 8 || e.Boundary != shardv1.DType_DTYPE_FLOAT32 || !e.Exact || !b.SeparateKV ||
 		e.MaxInflightChunks != 3 || e.DecodeBudget != 40*time.Millisecond || b.Path != "m.gguf" || !b.PinThreads || b.Threads != 2 {
 		t.Fatalf("engine %+v\nbackend %+v", e, b)
+	}
+	if old, err := parseServe([]string{"--model", "m.gguf", "--deterministic"}); err != nil || !old.engine.Exact || !old.backend.SeparateKV {
+		t.Fatalf("--deterministic, the exact mode's earlier name: %+v %v", old, err)
 	}
 	if c.relayAddr != "127.0.0.1:9" || c.relayName != "w1" {
 		t.Fatalf("relay %q %q", c.relayAddr, c.relayName)
@@ -59,7 +62,7 @@ func TestParseServe(t *testing.T) {
 		{[]string{"--model", "m", "--gpu-layers", "-2"}, "--gpu-layers"},
 		{[]string{"--model", "m", "--gpu-layers", "all", "--gpu-fallback", "maybe"}, "--gpu-fallback"},
 		{[]string{"--model", "m", "--device", "CUDA0"}, "--device"},
-		{[]string{"--model", "m", "--gpu-layers", "all", "--deterministic"}, "--deterministic"},
+		{[]string{"--model", "m", "--gpu-layers", "all", "--exact"}, "--exact"},
 	} {
 		if _, err := parseServe(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err %v, want one naming %s", tc.args, err, tc.want)

@@ -59,7 +59,7 @@ func parseGenerate(args []string) (*genFlags, error) {
 	f.seed = fs.Uint64("seed", 1, "sampling seed")
 	f.compact = fs.Bool("compact-logits", false, "ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k), not the whole vocabulary's: the same tokens, 8K bytes a token instead of 4 x vocab")
 	f.chunk = fs.Int("prefill-chunk", 0, "tokens per prefill chunk (0: what the workers grant, at most 128)")
-	f.replay = fs.Bool("replay-recovery", false, "rebuild a session a worker lost in the shapes it was built in (prompt chunks, then a decode step per generated token): with --deterministic workers the tokens after a recovery equal an uninterrupted run's")
+	f.replay = fs.Bool("replay-recovery", false, "rebuild a session a worker lost in the shapes it was built in (prompt chunks, then a decode step per generated token): with --exact workers the tokens after a recovery equal an uninterrupted run's")
 	f.timeout = fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker; a worker that does not answer within it (after --step-timeout x 4 with the retries) fails the generation")
 	f.overall = fs.Duration("timeout", 0, "deadline of the whole generation, connecting included (0: none)")
 	f.tel = addTelemetryFlags(fs)

@@ -117,13 +117,14 @@ func parseServe(args []string) (*serveConfig, error) {
 	fs.Uint64Var(&e.MaxChunkBytes, "max-chunk-bytes", 8<<20, "largest serialized chunk message")
 	uintFlag(fs, &e.MaxPrefillChunkTokens, "max-prefill-chunk-tokens", 512, "most `tokens` in one prefill chunk")
 	fs.DurationVar(&e.SessionTTL, "session-ttl", 10*time.Minute, "drop an idle session's KV state after this long")
-	fs.BoolVar(&e.Deterministic, "deterministic", false, "bitwise reproducible sessions: a session's logits do not depend on what else runs. Each session has a KV stream of its own (at most --ctx-tokens/(--max-sessions+1) tokens); decode forwards carry every ready session's step through a batch-invariant forward, prefill forwards prompt chunks of one length, each whole (PERF.md has the cost); part of the recipe")
+	fs.BoolVar(&e.Exact, "exact", false, "the exact mode: a session's logits are bitwise its run alone, whatever else runs. Each session has a KV stream of its own (at most --ctx-tokens/(--max-sessions+1) tokens); decode forwards carry every ready session's step through a batch-invariant forward, prefill forwards prompt chunks of one length, each whole (PERF.md has the cost); part of the recipe")
+	fs.BoolVar(&e.Exact, "deterministic", false, "the same as --exact (its earlier name)")
 	fs.DurationVar(&e.EvictGrace, "evict-grace", 2*time.Second, "a session used within this long is not evicted to make room for another; the newcomer is refused RESOURCE_EXHAUSTED (retryable) instead (negative: evict any idle session)")
 	fs.Int64Var(&e.ResultsCacheBytes, "results-cache-bytes", 64<<20, "bytes of finished results kept to answer duplicate steps (idempotency); the oldest go first")
 	fs.Int64Var(&e.PrefixCacheBytes, "prefix-cache-bytes", 256<<20, "bytes of prompt prefixes kept per shard (their KV cells and output rows), found again by content so a repeated system prompt or conversation history is not computed again; least recently used first out; 0: no prefix cache (README: sizing)")
 	withhold := fs.String("withhold-features", "", "optional behaviours ("+strings.Join(feature.All, ", ")+") this worker neither advertises nor accepts, comma-separated: it then behaves as a worker of a release without them (README: Upgrading a fleet)")
 	fs.IntVar(&e.PrefixBlock, "prefix-block", 32, "positions per prefix cache block: a prompt's prefix is found again in whole blocks")
-	boundary := fs.String("boundary", "bf16", "dtype of hidden states sent to the next shard: bf16 (the contract's canonical; bitwise the whole model rounded where the route rounds, see verify) or f32 (bitwise the unrounded whole model); bitwise for a session alone, or under any load with --deterministic")
+	boundary := fs.String("boundary", "bf16", "dtype of hidden states sent to the next shard: bf16 (the contract's canonical; bitwise the whole model rounded where the route rounds, see verify) or f32 (bitwise the unrounded whole model); bitwise for a session alone, or under any load with --exact")
 	fs.BoolVar(&e.RequireChecksum, "require-checksum", true, "refuse tensors without a CRC32C")
 	fs.DurationVar(&c.drainTimeout, "drain-timeout", 30*time.Second, "how long a drain waits for open sessions and queued work")
 	fs.BoolVar(&e.DrainHandoff, "drain-handoff", false, "on a drain, refuse the open sessions' further steps too (retryable, Health DRAINING), so heads with a standby for this hop move them there and the worker exits once their streams close; for routes that all have standbys")
@@ -199,7 +200,7 @@ func (c *serveConfig) validate(boundary, pin, relayAt, logLevel string) error {
 		}
 	}
 	// One sequence more than sessions: the engine keeps one for stateless work.
-	b.Path, b.MaxSeqs, b.SeparateKV = c.model, e.MaxSessions+1, e.Deterministic
+	b.Path, b.MaxSeqs, b.SeparateKV = c.model, e.MaxSessions+1, e.Exact
 	e.Version = version
 	var err error
 	c.log, err = newLogger(logLevel)
@@ -227,10 +228,10 @@ func (c *serveConfig) validateGPU(layers, fallback string) error {
 	if b.Device != "" && b.GPULayers == 0 {
 		return fmt.Errorf("--device needs --gpu-layers")
 	}
-	if b.GPULayers != 0 && c.engine.Deterministic {
+	if b.GPULayers != 0 && c.engine.Exact {
 		// The exact mode rests on every CPU kernel being batch-invariant
 		// (TestOpVariance); CUDA's choose kernels and splits by batch size.
-		return fmt.Errorf("--deterministic runs on the CPU only: its batch invariance is proven for ggml's CPU kernels, not CUDA's (README: The GPU forward)")
+		return fmt.Errorf("--exact runs on the CPU only: its batch invariance is proven for ggml's CPU kernels, not CUDA's (README: The GPU forward)")
 	}
 	return nil
 }

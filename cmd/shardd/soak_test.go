@@ -51,8 +51,8 @@ import (
 //   - a worker is not still serving: Health SERVING, and a generation
 //     straight to it equal to the whole model token for token.
 //
-// With SHARDD_SOAK_ARGS="--deterministic --max-sessions 16 --ctx-tokens
-// 4352" the workers run the deterministic mode and the head replays lost
+// With SHARDD_SOAK_ARGS="--exact --max-sessions 16 --ctx-tokens
+// 4352" the workers run the exact mode and the head replays lost
 // sessions: every completed generation must then be the whole model's
 // (fed in the same shapes) token for token, with no drift allowed.
 //
@@ -66,7 +66,7 @@ import (
 // accumulation orders, its KV cells sit elsewhere in the shared cache, and
 // a recovery re-prefills in one batch what was built step by step: the
 // logits (about -4 to 4 on the tiny preset) move by 0.004-0.02, and a
-// near-tie within that flips a token (issue 13's deterministic mode is the
+// near-tie within that flips a token (issue 13's exact mode is the
 // way to bitwise equality under load). A wrong row, position or KV moves
 // them by orders of magnitude more.
 const soakDrift = 0.05
@@ -96,7 +96,7 @@ type soakConfig struct {
 	// (SHARDD_SOAK_KILLS=off: no standbys, no kills).
 	Kills bool
 	Args  []string // SHARDD_SOAK_ARGS: more serve flags, after the soak's
-	// Exact: the workers run --deterministic (in Args), and the head
+	// Exact: the workers run --exact (in Args), and the head
 	// replays lost sessions, so every completed generation must be the
 	// whole model's bitwise: no drift is allowed.
 	Exact bool
@@ -114,7 +114,7 @@ func soakConfigFromEnv(t *testing.T) soakConfig {
 	cfg := soakConfig{Duration: d, Sessions: 256, Seed: 1, MaxTokens: 48, Dir: os.Getenv("SHARDD_SOAK_DIR"),
 		Faults: os.Getenv("SHARDD_SOAK_FAULTS") != "off", Args: strings.Fields(os.Getenv("SHARDD_SOAK_ARGS")),
 		Kills: os.Getenv("SHARDD_SOAK_KILLS") != "off"}
-	cfg.Exact = slices.Contains(cfg.Args, "--deterministic")
+	cfg.Exact = slices.Contains(cfg.Args, "--exact") || slices.Contains(cfg.Args, "--deterministic")
 	if v := os.Getenv("SHARDD_SOAK_SESSIONS"); v != "" {
 		if cfg.Sessions, err = strconv.Atoi(v); err != nil || cfg.Sessions < 1 {
 			t.Fatalf("SHARDD_SOAK_SESSIONS=%q", v)

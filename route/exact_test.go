@@ -13,7 +13,7 @@ import (
 	"github.com/meshnet/shardd/verify"
 )
 
-// With --deterministic workers (bf16 boundary, the default), 16 concurrent
+// With --exact workers (bf16 boundary, the default), 16 concurrent
 // generations of 128 tokens through a 2-shard route each equal their own
 // solo run and the whole model rounded to bf16 where the route rounds,
 // token for token and logit for logit, though sessions move between KV
@@ -21,13 +21,13 @@ import (
 // changes no token when the head replays the lost session
 // (Options.ReplayRecovery). Seed 3 of the tiny preset is one whose bf16
 // rounding flips a greedy token against the unrounded model.
-func TestDeterministicRoute(t *testing.T) {
+func TestExactRoute(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs real workers")
 	}
 	model, shards := tinySplit(t, 3)
 	// 17 KV streams of 256 tokens each.
-	args := []string{"--deterministic", "--max-sessions", "16", "--ctx-tokens", "4352"}
+	args := []string{"--exact", "--max-sessions", "16", "--ctx-tokens", "4352"}
 	ports := []int{freePort(t), freePort(t)}
 	procs := []*proc{
 		serve(t, shards[0], "127.0.0.1:0", append(args, "--metrics-listen", fmt.Sprint("127.0.0.1:", ports[0]))...),
