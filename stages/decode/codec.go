@@ -2,6 +2,15 @@
 // ShardRuntime frames with vtprotobuf's unsafe unmarshal, so fragment
 // payloads and strings alias the received buffer instead of being copied.
 //
+// The name is the design's: its stages read "decode (vtproto) ->
+// reassemble -> checksum -> decompress -> schedule -> forward -> frame
+// out", and each stage is a package under stages/ of that name. Here
+// "decode" is always the wire's protobuf decoding; the LLM's decode step
+// (one token per session) is the engine's and the route's word, and no
+// package is named for it. Imported as decode, the package's identifiers
+// say which they are: decode.Codec, decode.Inbound, decode.Response,
+// decode.Spliced.
+//
 // The codec is installed on the ShardRuntime server only, with
 // grpc.ForceServerCodecV2; it is never registered globally. Since a forced
 // codec serves every service on that server (health, reflection), messages
