@@ -86,14 +86,14 @@ func openHead(b *testing.B, ctx context.Context, c shardv1.ShardRuntimeClient, i
 // run sends ids at position first (a prefill chunk, or a decode step when
 // decode) and waits for the Ack.
 func (h *headSession) run(first int, ids []int32, decode bool) error {
-	_, err := h.runExec(first, ids, decode)
+	_, err := h.runExec(first, ids, decode, nil)
 	return err
 }
 
 // runExec is run, returning the worker's own execution time from the Ack
 // (from the step's first forward to its completion: what it did not spend
 // queued or on the wire).
-func (h *headSession) runExec(first int, ids []int32, decode bool) (time.Duration, error) {
+func (h *headSession) runExec(first int, ids []int32, decode bool, info *shardv1.ChunkInfo) (time.Duration, error) {
 	h.step++
 	body := make([]byte, 0, 4*len(ids))
 	for _, id := range ids {
@@ -110,7 +110,7 @@ func (h *headSession) runExec(first int, ids []int32, decode bool) (time.Duratio
 			Envelope: &shardv1.Envelope{SchemaVersion: 1, RouteSessionId: h.name, RouteEpoch: 1, Fingerprint: h.id.Fingerprint,
 				ShardRange: h.id.Range, Phase: shardv1.Phase_PHASE_PREFILL, IdempotencyStep: h.step,
 				Position:         &shardv1.PositionSpan{FirstPosition: uint64(first), TokenCount: uint32(len(ids))},
-				CacheExpectation: &shardv1.CacheExpectation{Mode: shardv1.CacheMode_CACHE_MODE_PREFILL}},
+				CacheExpectation: &shardv1.CacheExpectation{Mode: shardv1.CacheMode_CACHE_MODE_PREFILL}, Chunk: info},
 			Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: []*shardv1.NamedTensor{nt}}}}}
 	}
 	if err := h.stream.Send(req); err != nil {
@@ -185,7 +185,7 @@ func BenchmarkDecodeUnderPrefill(b *testing.B) {
 				}
 				k0 := kd.cpu()
 				t := time.Now()
-				ex, err := h.runExec(pos, []int32{int32(pos % 32000)}, true)
+				ex, err := h.runExec(pos, []int32{int32(pos % 32000)}, true, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -287,7 +287,9 @@ func startPrefills(b *testing.B, ctx context.Context, client shardv1.ShardRuntim
 			once := false
 			for ctx.Err() == nil {
 				for first := 0; first < 1024 && ctx.Err() == nil; first += 128 {
-					if err := h.run(first, ids, false); err != nil {
+					// Chunks of one prompt, as the route sends them.
+					info := &shardv1.ChunkInfo{ChunkIndex: uint32(first / 128), ChunkCount: 1024 / 128, FinalChunk: first+128 == 1024}
+					if _, err := h.runExec(first, ids, false, info); err != nil {
 						if ctx.Err() == nil {
 							errs <- err
 						}

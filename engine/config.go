@@ -54,8 +54,8 @@ type Config struct {
 	DecodeBudget time.Duration
 	// PrefillIterationTokens: the budget of a prefill-only iteration while no
 	// session is decoding, and of the prompt tokens of any iteration while
-	// the prompts it would finish outnumber the sessions decoding. Larger is
-	// better prefill throughput.
+	// more whole prompts of at most this many tokens wait than sessions
+	// decode. Larger is better prefill throughput.
 	PrefillIterationTokens int
 	// DecodeQuiet: for this long after a decode step ran, prefill-only
 	// iterations keep the small IterationTokens budget, since another

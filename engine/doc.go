@@ -35,9 +35,9 @@
 //	prefill: fewest tokens left first, oldest   -                          -                                    TestPlanPrefillShortestFirst,
 //	  first once a chunk waited 1 s                                                                             TestPlanPrefillPatience
 //	prefill-only iterations take this many      --prefill-iteration-tokens shardd.batch.rows                    TestPlanPrefillShortestFirst
-//	prompts that would reach their first token  --prefill-iteration-tokens -                                    TestPlanPromptsOutnumberDecoders
-//	  outnumber the decoders: a whole prefill
-//	  budget beside the decode rows
+//	short whole prompts waiting outnumber the   --prefill-iteration-tokens -                                    TestPlanPromptsOutnumberDecoders
+//	  decoders: a whole prefill budget beside
+//	  the decode rows
 //	no prefill that would delay a due decode    --decode-quiet             shardd.decode_due.waits              TestPlanWaitsForDueDecode
 //	  step; wait for the step instead
 //	gather: wait until 1/N of the decoding      --decode-groups,           shardd.gather.holds, .held,          TestGatherHolds,

@@ -608,6 +608,28 @@ func TestPlanPromptsOutnumberDecoders(t *testing.T) {
 	if got := sc.plan(); !strings.HasPrefix(got, "wait ") {
 		t.Fatalf("one prompt beside one decoding session: %q", got)
 	}
+
+	// Prompts that one iteration cannot all finish still count: three of
+	// 40 tokens against a budget of 64 (one would finish in it).
+	sc = decoding()
+	for _, id := range prompts[:3] {
+		sc.submit(id, 40)
+	}
+	sc.submit("a", 0)
+	sc.expect("longer prompts", sc.plan(), "a:d1 b:p40 c:p23") // the batch holds 64 rows
+
+	// A prompt streamed in chunks (position 0 not final, or a later
+	// chunk) never counts: its chunks take the budget beside the step.
+	sc = decoding()
+	for _, id := range prompts[:3] {
+		w := sc.make(id, 8)
+		w.final = false
+		sc.queue(w)
+	}
+	sc.submit("a", 0)
+	if got := sc.plan(); got != "a:d1 b:p3" {
+		t.Fatalf("chunks of streamed prompts took a whole prefill budget: %q", got)
+	}
 }
 
 // A prefill-only iteration is preemptible; a preempted one is rewound

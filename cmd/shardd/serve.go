@@ -108,7 +108,7 @@ func parseServe(args []string) (*serveConfig, error) {
 	fs.IntVar(&b.MaxBatch, "max-batch", 256, "most token rows in one forward call")
 	fs.IntVar(&e.IterationTokens, "iteration-tokens", 4, "least token budget of an iteration while sessions are decoding (decode steps first, prefill fills the rest); --decode-budget usually grants more")
 	fs.DurationVar(&e.DecodeBudget, "decode-budget", 0, "time an iteration carrying decode steps may take; prefill tokens are added while the measured cost model predicts it holds (0: 1.5x the decode rows' own measured time; negative: --iteration-tokens only)")
-	fs.IntVar(&e.PrefillIterationTokens, "prefill-iteration-tokens", 128, "token budget of a prefill-only iteration while no session is decoding, and of the prompt tokens of any iteration while the prompts it would finish outnumber the sessions decoding")
+	fs.IntVar(&e.PrefillIterationTokens, "prefill-iteration-tokens", 128, "token budget of a prefill-only iteration while no session is decoding, and of the prompt tokens of any iteration while more whole prompts of at most this many tokens wait than sessions decode")
 	fs.IntVar(&e.DecodeGroups, "decode-groups", 0, "a decode iteration waits (up to --gather-window) until 1/N of the decoding sessions are ready, so sessions move in N groups, and above 1 takes no more than that share: set N to the route's stage count (0: 1 for the whole model, 2 for a shard; negative: start with what has arrived)")
 	fs.DurationVar(&e.GatherWindow, "gather-window", 0, "longest wait for that share (0: half the predicted time of the batch waited for)")
 	fs.DurationVar(&e.DecodeQuiet, "decode-quiet", 250*time.Millisecond, "how long after a decode step iterations stay at --iteration-tokens")
