@@ -3,7 +3,6 @@ package engine
 import (
 	"bytes"
 	"errors"
-	"math"
 	"time"
 
 	"github.com/meshnet/shardd/backend"
@@ -25,6 +24,8 @@ type driver struct {
 	// backup holds a sequence's cells while a prefix load replaces them;
 	// saved and cut a state on its way to becoming a prefix cache entry.
 	backup, saved, cut []byte
+	// stats are the figures publish makes public (Engine.Stats).
+	stats Stats
 }
 
 // init allocates the forward batch.
@@ -151,7 +152,7 @@ func (d *driver) forward(fp forwardPlan) (time.Duration, error) {
 		err = d.be.Forward(d.batch, &d.out)
 	}
 	took := time.Since(start)
-	d.e.statBusy.Add(int64(took))
+	d.stats.Busy += took
 	return took, err
 }
 
@@ -285,39 +286,12 @@ func (d *driver) settle(rows int) {
 // publish copies the state's figures to the engine's atomics, which
 // Health and the metrics read; rows is the forward just run (0: none).
 func (d *driver) publish(rows int) {
-	e, s := d.e, d.s
 	if rows > 0 {
-		e.statOccupancy.Store(int32(rows))
-		e.obs.recordOccupancy(rows)
+		d.stats.Occupancy = rows
+		d.e.obs.recordOccupancy(rows)
 	}
-	e.statSessions.Store(int32(s.store.Len()))
-	e.statEvictions.Store(int64(s.store.Evictions))
-	e.statAdmitted.Store(int64(s.store.Admitted))
-	e.statRefused.Store(int64(s.store.Refused))
-	e.statSessPreempted.Store(int64(s.store.Preemptions))
-	e.statReprefilled.Store(int64(s.store.Reprefills))
-	e.statPressure.Store(math.Float64bits(s.store.Pressure()))
-	e.statResults.Store(s.results.Cost())
-	if p := s.prefix; p != nil {
-		e.statPrefixHits.Store(p.hits)
-		e.statPrefixTokens.Store(p.tokens)
-		e.statPrefixBytes.Store(p.entries.Cost())
-		e.statPrefixMisfits.Store(p.misfits)
-		e.statPrefixUnordered.Store(p.unordered)
-	}
-	e.statBudgetRuns.Store(s.budgetRuns)
-	e.statBudgetHits.Store(s.budgetHits)
-	e.statDueWaits.Store(s.dueWaits)
-	e.statBesideProbes.Store(s.besideProbes)
-	e.statBesideRow.Store(int64(s.besideRow.v))
-	e.statHolds.Store(s.gather.holds)
-	e.statHoldsExpired.Store(s.gather.expired)
-	e.statHeld.Store(int64(s.gather.held))
-	e.preemptions.Store(s.preemptions)
-	if base, perRow, ok := s.cost.coef(); ok {
-		e.statCostBase.Store(math.Float64bits(base))
-		e.statCostRow.Store(math.Float64bits(perRow))
-	}
+	d.s.stats(&d.stats)
+	d.e.published.set(&d.stats)
 }
 
 // shutdown answers everything still queued with CANCELLED, frees the

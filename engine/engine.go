@@ -55,29 +55,8 @@ type Engine struct {
 	stopped     chan struct{}
 	streams     sync.WaitGroup
 
-	// Published by the scheduler for Health.
-	statSessions  atomic.Int32
-	statOccupancy atomic.Int32
-	statPressure  atomic.Uint64 // float64 bits
-	preemptions   atomic.Int64  // prefill iterations stopped for a decode step
-	statEvictions atomic.Int64
-	// Sessions admitted, refused (no slot or no KV room), preempted for an
-	// admitted session's step, and prefilled again after a loss.
-	statAdmitted, statRefused, statSessPreempted, statReprefilled atomic.Int64
-	statResults                                                   atomic.Int64 // bytes held by the results cache
-	statPrefixHits, statPrefixTokens, statPrefixBytes             atomic.Int64 // the prefix cache's figures
-	statPrefixMisfits                                             atomic.Int64
-	statPrefixUnordered                                           atomic.Int64
-	// The cost model (seconds, float64 bits) and the decode budget's record.
-	statCostBase, statCostRow      atomic.Uint64
-	statBudgetRuns, statBudgetHits atomic.Int64
-	statDueWaits                   atomic.Int64 // prefill-only iterations held back for a due decode step
-	statBesideProbes               atomic.Int64 // decode iterations that took prefill rows to price them again
-	statBesideRow                  atomic.Int64 // the measured price of a prefill row beside decode rows, ns
-	// Decode iterations that waited for their group: holds ended, of them
-	// expired (the window ran out), and nanoseconds held.
-	statHolds, statHoldsExpired, statHeld atomic.Int64
-	statBusy                              atomic.Int64 // nanoseconds in forward calls
+	// published: the scheduler's figures for Health and the metrics.
+	published published
 
 	obs observer
 

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"math"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -98,12 +97,12 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 			}))
 	}
 	gauge("shardd.queue.depth", "work items queued or running", func() float64 { return float64(e.queued.Load()) })
-	gauge("shardd.batch.occupancy", "rows in the last forward call", func() float64 { return float64(e.statOccupancy.Load()) })
-	gauge("shardd.kv.pressure", "fraction of the KV token budget held or reserved", func() float64 { return math.Float64frombits(e.statPressure.Load()) })
-	gauge("shardd.sessions", "route sessions holding KV state", func() float64 { return float64(e.statSessions.Load()) })
+	gauge("shardd.batch.occupancy", "rows in the last forward call", func() float64 { return float64(e.Stats().Occupancy) })
+	gauge("shardd.kv.pressure", "fraction of the KV token budget held or reserved", func() float64 { return e.Stats().Pressure })
+	gauge("shardd.sessions", "route sessions holding KV state", func() float64 { return float64(e.Stats().Sessions) })
 	gauge("shardd.buffers.outstanding", "pooled buffers handed out and not yet returned (held by queued work, results in flight and the results cache)",
 		func() float64 { return float64(e.pool.Outstanding()) })
-	gauge("shardd.results.bytes", "bytes of finished results held to answer duplicate steps (bounded by --results-cache-bytes)", func() float64 { return float64(e.statResults.Load()) })
+	gauge("shardd.results.bytes", "bytes of finished results held to answer duplicate steps (bounded by --results-cache-bytes)", func() float64 { return float64(e.Stats().ResultsBytes) })
 	counter := func(name, desc string, f func() int64) {
 		m.Int64ObservableCounter(name, metric.WithDescription(desc),
 			metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
@@ -111,26 +110,26 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 				return nil
 			}))
 	}
-	counter("shardd.evictions", "sessions evicted by budget or TTL", e.statEvictions.Load)
-	counter("shardd.sessions.admitted", "sessions admitted at their first prefill (with the KV tokens they stated reserved)", e.statAdmitted.Load)
-	counter("shardd.sessions.refused", "sessions refused at their first prefill, retryably: no session slot, or no room for the KV tokens they stated", e.statRefused.Load)
-	counter("shardd.sessions.preempted", "idle sessions dropped so that an admitted session's step could grow (their next step is a declared CACHE_MISS)", e.statSessPreempted.Load)
-	counter("shardd.sessions.reprefilled", "sessions prefilled again from position 0 after their state was lost", e.statReprefilled.Load)
-	gauge("shardd.cost.base", "cost model: fixed seconds of a forward", func() float64 { return math.Float64frombits(e.statCostBase.Load()) })
-	gauge("shardd.cost.per_row", "cost model: seconds per batch row", func() float64 { return math.Float64frombits(e.statCostRow.Load()) })
-	counter("shardd.decode_budget.iterations", "iterations with decode rows under a decode budget", e.statBudgetRuns.Load)
-	counter("shardd.decode_budget.kept", "of those, iterations whose forward kept the budget", e.statBudgetHits.Load)
-	counter("shardd.gather.holds", "decode iterations that waited for their group's share of the decoding sessions (--decode-groups)", e.statHolds.Load)
-	counter("shardd.gather.expired", "of those, holds that ran out their --gather-window before the group formed", e.statHoldsExpired.Load)
-	gauge("shardd.gather.held", "seconds decode iterations have waited for their groups since start", func() float64 { return float64(e.statHeld.Load()) / 1e9 })
-	counter("shardd.prefix.hits", "prefill chunks that took rows from the prefix cache", e.statPrefixHits.Load)
-	counter("shardd.prefix.tokens", "prompt positions answered from the prefix cache instead of a forward", e.statPrefixTokens.Load)
-	counter("shardd.prefix.misfits", "prefix cache loads that found no room in the KV cache (their rows ran instead)", e.statPrefixMisfits.Load)
-	counter("shardd.prefix.unordered", "prefix cache entries made shorter than their prompt, or not made, because the sequence's cells were missing or out of position order past some block (not a lone run's bits)", e.statPrefixUnordered.Load)
-	gauge("shardd.prefix.bytes", "bytes of KV state and output rows the prefix cache holds (bounded by --prefix-cache-bytes)", func() float64 { return float64(e.statPrefixBytes.Load()) })
-	gauge("shardd.cost.beside_row", "measured seconds of a prefill row beside decode rows (what prefill beside a decode step is priced at)", func() float64 { return float64(e.statBesideRow.Load()) / 1e9 })
-	counter("shardd.prefill.beside_probes", "decode iterations that took --iteration-tokens prefill rows while waiting prompts got none at the measured price, to price them again", e.statBesideProbes.Load)
-	counter("shardd.decode_due.waits", "prefill-only iterations not started because a decode step was due before one prefill token would finish", e.statDueWaits.Load)
+	counter("shardd.evictions", "sessions evicted by budget or TTL", func() int64 { return e.Stats().Evictions })
+	counter("shardd.sessions.admitted", "sessions admitted at their first prefill (with the KV tokens they stated reserved)", func() int64 { return e.Stats().Admitted })
+	counter("shardd.sessions.refused", "sessions refused at their first prefill, retryably: no session slot, or no room for the KV tokens they stated", func() int64 { return e.Stats().Refused })
+	counter("shardd.sessions.preempted", "idle sessions dropped so that an admitted session's step could grow (their next step is a declared CACHE_MISS)", func() int64 { return e.Stats().SessionsPreempted })
+	counter("shardd.sessions.reprefilled", "sessions prefilled again from position 0 after their state was lost", func() int64 { return e.Stats().Reprefilled })
+	gauge("shardd.cost.base", "cost model: fixed seconds of a forward", func() float64 { return e.Stats().CostBase })
+	gauge("shardd.cost.per_row", "cost model: seconds per batch row", func() float64 { return e.Stats().CostPerRow })
+	counter("shardd.decode_budget.iterations", "iterations with decode rows under a decode budget", func() int64 { return e.Stats().BudgetRuns })
+	counter("shardd.decode_budget.kept", "of those, iterations whose forward kept the budget", func() int64 { return e.Stats().BudgetHits })
+	counter("shardd.gather.holds", "decode iterations that waited for their group's share of the decoding sessions (--decode-groups)", func() int64 { return e.Stats().Holds })
+	counter("shardd.gather.expired", "of those, holds that ran out their --gather-window before the group formed", func() int64 { return e.Stats().HoldsExpired })
+	gauge("shardd.gather.held", "seconds decode iterations have waited for their groups since start", func() float64 { return e.Stats().Held.Seconds() })
+	counter("shardd.prefix.hits", "prefill chunks that took rows from the prefix cache", func() int64 { return e.Stats().PrefixHits })
+	counter("shardd.prefix.tokens", "prompt positions answered from the prefix cache instead of a forward", func() int64 { return e.Stats().PrefixTokens })
+	counter("shardd.prefix.misfits", "prefix cache loads that found no room in the KV cache (their rows ran instead)", func() int64 { return e.Stats().PrefixMisfits })
+	counter("shardd.prefix.unordered", "prefix cache entries made shorter than their prompt, or not made, because the sequence's cells were missing or out of position order past some block (not a lone run's bits)", func() int64 { return e.Stats().PrefixUnordered })
+	gauge("shardd.prefix.bytes", "bytes of KV state and output rows the prefix cache holds (bounded by --prefix-cache-bytes)", func() float64 { return float64(e.Stats().PrefixBytes) })
+	gauge("shardd.cost.beside_row", "measured seconds of a prefill row beside decode rows (what prefill beside a decode step is priced at)", func() float64 { return e.Stats().BesideRow.Seconds() })
+	counter("shardd.prefill.beside_probes", "decode iterations that took --iteration-tokens prefill rows while waiting prompts got none at the measured price, to price them again", func() int64 { return e.Stats().BesideProbes })
+	counter("shardd.decode_due.waits", "prefill-only iterations not started because a decode step was due before one prefill token would finish", func() int64 { return e.Stats().DueWaits })
 	if ss, ok := e.be.(backend.StreamStater); ok {
 		counter("shardd.streams.placeholder_rows", "--exact: rows run only to fill a gap between the KV streams of a forward's sessions",
 			func() int64 { n, _ := ss.StreamStats(); return n })
@@ -139,8 +138,8 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	}
 	o.occupancy, _ = m.Int64Histogram("shardd.batch.rows", metric.WithDescription("rows in each forward call"),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512))
-	gauge("shardd.forward.busy", "seconds spent in forward calls since start (its rate is the backend's utilization)", func() float64 { return float64(e.statBusy.Load()) / 1e9 })
-	counter("shardd.preemptions", "prefill iterations stopped for a decode step", e.preemptions.Load)
+	gauge("shardd.forward.busy", "seconds spent in forward calls since start (its rate is the backend's utilization)", func() float64 { return e.Stats().Busy.Seconds() })
+	counter("shardd.preemptions", "prefill iterations stopped for a decode step", func() int64 { return e.Stats().Preemptions })
 	counter("shardd.telemetry.dropped", "finished steps whose spans and stage durations were dropped: the recorder's queue was full", o.dropped.Load)
 	o.records = make(chan stepRecord, recordQueue)
 	o.wake, o.hurry = make(chan struct{}, 1), make(chan struct{}, 1)

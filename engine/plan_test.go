@@ -699,7 +699,7 @@ func TestPlanBatchFull(t *testing.T) {
 	if calls := sc.fb.Calls; len(calls[len(calls)-1]) != 4 {
 		t.Fatalf("the four decode steps did not go to the backend in one call: %v", calls)
 	}
-	if h := sc.e.statOccupancy.Load(); h != 4 {
+	if h := sc.e.Stats().Occupancy; h != 4 {
 		t.Fatalf("published batch occupancy %d, want 4", h)
 	}
 	// The four that ran send their next steps at once: they queue behind

@@ -28,8 +28,8 @@ func TestDecodePreemptsPrefill(t *testing.T) {
 	if o.ack == nil || o.ack.CacheResult.PastLen != 32 {
 		t.Fatalf("prefill after preemption: %v %v", o.ack, o.status)
 	}
-	if w.eng.preemptions.Load() != 1 {
-		t.Fatalf("preemptions %d", w.eng.preemptions.Load())
+	if w.eng.Stats().Preemptions != 1 {
+		t.Fatalf("preemptions %d", w.eng.Stats().Preemptions)
 	}
 }
 

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"log/slog"
-	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -77,13 +76,14 @@ func (e *Engine) GetCapability(ctx context.Context, req *shardv1.CapabilityReque
 
 // Health reports live load.
 func (e *Engine) Health(ctx context.Context, req *shardv1.HealthRequest) (*shardv1.HealthReport, error) {
+	st := e.Stats()
 	r := &shardv1.HealthReport{
 		SchemaVersion:  shardv1.SchemaVersion_SCHEMA_VERSION_1,
 		State:          e.State(),
-		ActiveSessions: uint32(e.statSessions.Load()),
+		ActiveSessions: uint32(st.Sessions),
 		QueuedChunks:   uint32(max(e.queued.Load(), 0)),
-		BatchOccupancy: uint32(e.statOccupancy.Load()),
-		KvPressure:     float32(math.Float64frombits(e.statPressure.Load())),
+		BatchOccupancy: uint32(st.Occupancy),
+		KvPressure:     float32(st.Pressure),
 		ResidentBytes:  residentBytes(),
 		Detail:         e.detail,
 	}

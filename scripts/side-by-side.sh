@@ -5,7 +5,8 @@
 # MODEL: smollm2 or gemma3 (scripts/models.sh). SETUP:
 #   one    one shardd worker (1 thread, CPU 1) behind `shardd api`, against
 #          `llama-server -np 32 -t 1` on CPU 1;
-#   route  a two-worker route (1 thread each, CPUs 0 and 1) behind
+#   route  a two-worker route (cut by `split --by cost`, 1 thread each,
+#          CPUs 0 and 1) behind
 #          `shardd api`, against `llama-server --rpc` over two
 #          `ggml-rpc-server -t 1` on CPUs 0 and 1: llama.cpp's own split.
 # The route itself (`bench --route`, compact logits as the API asks) is a
@@ -52,7 +53,7 @@ one)
   head_cpus=1 bench_cpus=0
   ;;
 route)
-  mapfile -t shards < <("$bin" split --quiet --model "$whole" --shards 2 --out-dir "$out/shards-$model")
+  mapfile -t shards < <("$bin" split --quiet --model "$whole" --shards 2 --by cost --out-dir "$out/shards-$model")
   for i in 0 1; do
     p=$(free_port); start $i "$out/$model-$setup-worker$i.log" "$bin" serve --model "${shards[$i]}" --listen 127.0.0.1:$p "${serve_args[@]}"
     workers+=(127.0.0.1:$p)
