@@ -1,4 +1,4 @@
-// Package funclen holds one test: the size rule for functions in every
+// Package funclen holds the size rules: for functions in every
 // package of the module (README, "Layout"): 100 lines, 80 in the command
 // layer. Generated code (gen/) is not ours to size.
 package funclen
