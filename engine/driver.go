@@ -283,8 +283,9 @@ func (d *driver) settle(rows int) {
 	d.checkPositions()
 }
 
-// publish copies the state's figures to the engine's atomics, which
-// Health and the metrics read; rows is the forward just run (0: none).
+// publish makes the scheduler's Stats (with the driver's occupancy and
+// busy time) the ones Health and the metrics read; rows is the forward
+// just run (0: none).
 func (d *driver) publish(rows int) {
 	if rows > 0 {
 		d.stats.Occupancy = rows

@@ -350,22 +350,19 @@ func (s *scheduler) preemptible(now time.Time, decodes int) bool {
 	return s.finishing() <= s.gather.active(now, time.Second)
 }
 
-// promptsOutnumber reports whether more sessions wait for a prompt that
-// is whole in one chunk short enough for one iteration of
-// PrefillIterationTokens (from position 0, its final chunk) than there
-// are sessions decoding: those with a step in this iteration (decodes) or
-// that completed one within the last second. (Counting only the prompts one such iteration would finish let
-// 4 of 32-token prompts in per iteration, so from 4 sessions decoding on,
-// the rest waited for the budget beside them: at 32 sessions of 32-token
-// prompts TTFT p50 was 13 s and decode batches stayed small.) A long
-// prompt streaming in chunks never counts: its chunks take the budget
-// beside the decoding sessions, which they protect.
-// Then the decode budget gives way for the iteration: it protects the
-// decoding few at the cost of the waiting many. Without this, a few
-// sessions decoding in small, fast batches kept the budget for prompt rows
-// beside them near zero, and their steps, always due within a millisecond,
-// kept prefill-only iterations from starting: at 32 sessions the median
-// time to an 8-token prompt's first token was 9.4 s.
+// promptsOutnumber reports whether more sessions wait for a whole short
+// prompt (one chunk from position 0, final, of at most
+// PrefillIterationTokens tokens) than there are sessions decoding: those
+// with a step in this iteration (decodes) or that completed one within the
+// last second. Then the decode budget gives way for the iteration: it
+// protects the decoding few at the cost of the waiting many. Without this,
+// a few sessions decoding in small, fast batches kept the budget for
+// prompt rows beside them near zero, the many waited for their first
+// token, and batches stayed small. Every such prompt counts, not only
+// those one iteration would finish (with 32-token prompts that was 4, so
+// the rule stopped once 4 sessions decoded). A long prompt streamed in
+// chunks never counts: its chunks take the budget beside the decoding
+// sessions, which the budget is there to protect.
 func (s *scheduler) promptsOutnumber(prefills []*sessQueue, decodes int, now time.Time) bool {
 	if s.cfg.Exact || len(prefills) <= decodes {
 		return false

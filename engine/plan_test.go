@@ -630,6 +630,29 @@ func TestPlanPromptsOutnumberDecoders(t *testing.T) {
 	if got := sc.plan(); got != "a:d1 b:p3" {
 		t.Fatalf("chunks of streamed prompts took a whole prefill budget: %q", got)
 	}
+
+	// Nor does the last chunk of one (final, but not from position 0).
+	sc = newScript(t, Config{IterationTokens: 4, DecodeGroups: -1, PrefillIterationTokens: 64},
+		func(i *backend.Info) { i.MaxSeqs = 8 })
+	sc.prefilled(2, "a")
+	for _, id := range prompts[:3] {
+		w := sc.make(id, 8)
+		w.final = false
+		sc.queue(w)
+	}
+	sc.expect("first chunks", sc.step(0), "b:p8 c:p8 d:p8")
+	sc.decodeEveryMs("a")
+	// A second on, the first chunks no longer count their sessions as
+	// decoding: a alone does.
+	sc.now = sc.now.Add(1100 * time.Millisecond)
+	for _, id := range prompts[:3] {
+		sc.replies(id)
+		sc.submit(id, 8) // final, from position 8
+	}
+	sc.submit("a", 0)
+	if got := sc.plan(); got != "a:d1 b:p3" {
+		t.Fatalf("last chunks of streamed prompts took a whole prefill budget: %q", got)
+	}
 }
 
 // A prefill-only iteration is preemptible; a preempted one is rewound

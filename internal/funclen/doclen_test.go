@@ -15,13 +15,13 @@ var docLimits = map[string]int{"README.md": 400, "PERF.md": 700}
 
 // TestDocLength fails for a top-level document over its limit.
 func TestDocLength(t *testing.T) {
-	for name, max := range docLimits {
+	for name, most := range docLimits {
 		b, err := os.ReadFile(filepath.Join("..", "..", name))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := bytes.Count(b, []byte("\n")); n > max {
-			t.Errorf("%s: %d lines (limit %d): move detail to docs/, history to git", name, n, max)
+		if n := bytes.Count(b, []byte("\n")); n > most {
+			t.Errorf("%s: %d lines (limit %d): move detail to docs/, history to git", name, n, most)
 		}
 	}
 }
