@@ -16,7 +16,7 @@ import (
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/feature"
 	"github.com/meshnet/shardd/internal/recipe"
-	"github.com/meshnet/shardd/internal/wireerr"
+	"github.com/meshnet/shardd/internal/sharderr"
 	"github.com/meshnet/shardd/stages/decode"
 )
 
@@ -102,7 +102,7 @@ func (e *Engine) Release(ctx context.Context, req *shardv1.ReleaseRequest) (*sha
 		return nil, status.FromContextError(err).Err()
 	}
 	if rerr != nil {
-		return &shardv1.ReleaseResponse{Error: wireerr.ToShardError(rerr)}, statusError(codes.FailedPrecondition, rerr)
+		return &shardv1.ReleaseResponse{Error: sharderr.From(rerr)}, statusError(codes.FailedPrecondition, rerr)
 	}
 	return &shardv1.ReleaseResponse{Released: released}, nil
 }
@@ -124,7 +124,7 @@ func (e *Engine) Cancel(ctx context.Context, req *shardv1.CancelRequest) (*shard
 // statusError is a gRPC status whose details carry the ShardError, for
 // unary RPCs.
 func statusError(c codes.Code, err error) error {
-	se := wireerr.ToShardError(err)
+	se := sharderr.From(err)
 	st, derr := status.New(c, se.Detail).WithDetails(se)
 	if derr != nil {
 		return status.Error(c, se.Detail)

@@ -13,6 +13,7 @@ import (
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/sharderr"
 	"github.com/meshnet/shardd/internal/tensorname"
 	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/stages/decode"
@@ -271,7 +272,7 @@ func releaseIf(b *bufpool.Buffer) {
 // workID is copied: a work item's is reused once the item is answered,
 // while the status waits to be sent.
 func statusFor(session, workID string, step uint64, err error) *shardv1.ShardStatus {
-	return &shardv1.ShardStatus{WorkId: strings.Clone(workID), RouteSessionId: session, IdempotencyStep: step, Error: wireerr.ToShardError(err)}
+	return &shardv1.ShardStatus{WorkId: strings.Clone(workID), RouteSessionId: session, IdempotencyStep: step, Error: sharderr.From(err)}
 }
 
 // Session serves one Route Session Activation Seam.

@@ -31,19 +31,18 @@ package kvcache
 import (
 	"time"
 
-	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/lru"
 	"github.com/meshnet/shardd/internal/wireerr"
 )
 
 // Refusals.
 var (
-	ErrEpochStale = wireerr.New(shardv1.ErrorCode_ERROR_CODE_EPOCH_STALE, "kvcache: work is for a route epoch this worker has moved past")
-	ErrNoSlot     = wireerr.NewRetryable(shardv1.ErrorCode_ERROR_CODE_RESOURCE_EXHAUSTED, "kvcache: no session slot is free")
-	ErrKVBudget   = wireerr.NewRetryable(shardv1.ErrorCode_ERROR_CODE_RESOURCE_EXHAUSTED, "kvcache: KV token budget exhausted")
+	ErrEpochStale = wireerr.New(wireerr.CodeEpochStale, "kvcache: work is for a route epoch this worker has moved past")
+	ErrNoSlot     = wireerr.NewRetryable(wireerr.CodeResourceExhausted, "kvcache: no session slot is free")
+	ErrKVBudget   = wireerr.NewRetryable(wireerr.CodeResourceExhausted, "kvcache: KV token budget exhausted")
 	// ErrTooLong: the session's stated length exceeds the whole budget; no
 	// wait makes it fit.
-	ErrTooLong = wireerr.New(shardv1.ErrorCode_ERROR_CODE_RESOURCE_EXHAUSTED, "kvcache: the session's length exceeds this worker's KV capacity")
+	ErrTooLong = wireerr.New(wireerr.CodeResourceExhausted, "kvcache: the session's length exceeds this worker's KV capacity")
 )
 
 // Session is one route session's state for this shard.

@@ -12,8 +12,8 @@ import (
 
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/sharderr"
 	"github.com/meshnet/shardd/internal/tensorname"
-	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/stages"
 	"github.com/meshnet/shardd/stages/dtype"
 )
@@ -90,7 +90,7 @@ func (g *gen) decodeTop(ts []*shardv1.NamedTensor) error {
 		nt *shardv1.NamedTensor
 	}{{&vt, ts[0]}, {&it, ts[1]}} {
 		if err := g.recv.Tensor(x.t, x.nt, true); err != nil {
-			return &ResponseError{Addr: addr, Detail: x.nt.Name + ": " + wireerr.ToShardError(err).Detail}
+			return &ResponseError{Addr: addr, Detail: x.nt.Name + ": " + sharderr.From(err).Detail}
 		}
 	}
 	rows, k := int(ts[0].Shape[0]), int(ts[0].Shape[1])
@@ -151,7 +151,7 @@ func (g *gen) decodeLogits(nt *shardv1.NamedTensor) ([]float32, error) {
 	var t stages.Tensor
 	defer t.Reset()
 	if err := g.recv.Tensor(&t, nt, true); err != nil {
-		return nil, &ResponseError{Addr: addr, Detail: "logits: " + wireerr.ToShardError(err).Detail}
+		return nil, &ResponseError{Addr: addr, Detail: "logits: " + sharderr.From(err).Detail}
 	}
 	body := t.Contiguous(bufpool.Default)
 	rows, vocab := int(nt.Shape[0]), int(nt.Shape[1])

@@ -1,10 +1,14 @@
 // Package wireerr ties the project's sentinel errors to the contract's
-// ErrorCode and produces the sanitized ShardError a peer sees.
+// ErrorCode and produces the sanitized text a peer sees.
 //
 // Every package that can refuse work declares its sentinels with New, naming
 // the ErrorCode the refusal maps to. Errors travel through the engine as
 // ordinary Go errors (wrapped, compared with errors.Is); only the edge calls
-// ToShardError, so the mapping lives in one place. The detail a peer sees is
+// internal/sharderr, which makes the contract's ShardError from Describe, so
+// the mapping lives in one place. wireerr itself imports no generated code:
+// the scheduler's pure core (engine/sched) and the session store use it
+// without linking gRPC, so codes are the contract's numbers (Code), pinned
+// to the generated enum by a test. The detail a peer sees is
 // built from the sentinel's fixed text plus a detail formatted by our own code
 // (numbers, enum names): never a raw library or C error, a path or a secret.
 package wireerr
@@ -13,34 +17,50 @@ import (
 	"context"
 	"errors"
 	"fmt"
+)
 
-	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+// Code is a contract ErrorCode's number (meshnet.shard.v1.ErrorCode).
+type Code int32
+
+// The contract's error codes (shard_runtime.proto), for packages that do
+// not import the generated code; TestCodesMatchContract pins them.
+const (
+	CodeUnspecified         Code = 0
+	CodeSchemaUnsupported   Code = 1
+	CodeFingerprintMismatch Code = 2
+	CodeEpochStale          Code = 3
+	CodeShardRangeMismatch  Code = 4
+	CodeCacheMiss           Code = 5
+	CodeResourceExhausted   Code = 6
+	CodePayloadCorrupt      Code = 7
+	CodeCancelled           Code = 8
+	CodeDeadlineExceeded    Code = 9
+	CodeFlowControl         Code = 10
+	CodeInternal            Code = 11
 )
 
 // Error is a sentinel with the contract code it maps to. Its text is fixed and
 // operator-safe.
 type Error struct {
-	code      shardv1.ErrorCode
+	code      Code
 	retryable bool
 	msg       string
 }
 
 // New declares a sentinel. msg must carry a package prefix ("reassemble: ...")
-// and must not contain anything a peer must not see.
-func New(code shardv1.ErrorCode, msg string) *Error {
-	return &Error{code: code, msg: msg}
+// and must not contain anything a peer must not see. code is a Code or the
+// generated ErrorCode.
+func New[C ~int32](code C, msg string) *Error {
+	return &Error{code: Code(code), msg: msg}
 }
 
 // NewRetryable declares a sentinel for a refusal that may be retried unchanged
 // (the contract's ShardError.retryable).
-func NewRetryable(code shardv1.ErrorCode, msg string) *Error {
-	return &Error{code: code, retryable: true, msg: msg}
+func NewRetryable[C ~int32](code C, msg string) *Error {
+	return &Error{code: Code(code), retryable: true, msg: msg}
 }
 
 func (e *Error) Error() string { return e.msg }
-
-// Code is the contract ErrorCode of this sentinel.
-func (e *Error) Code() shardv1.ErrorCode { return e.code }
 
 // detailed adds a safe, formatted detail to a sentinel and optionally keeps an
 // unsafe cause for local logs only.
@@ -78,15 +98,15 @@ func Wrap(sentinel *Error, cause error) error {
 }
 
 // Internal is the code of any error that carries no sentinel.
-var Internal = New(shardv1.ErrorCode_ERROR_CODE_INTERNAL, "internal error")
+var Internal = New(CodeInternal, "internal error")
 
 // Cancelled and Expired are what a context's end without a sentinel maps
 // to: the peer went away or its deadline passed while the work waited, which
 // is not a fault of the worker (the soak saw a session open end so as
 // INTERNAL).
 var (
-	Cancelled = New(shardv1.ErrorCode_ERROR_CODE_CANCELLED, "cancelled")
-	Expired   = New(shardv1.ErrorCode_ERROR_CODE_DEADLINE_EXCEEDED, "deadline exceeded")
+	Cancelled = New(CodeCancelled, "cancelled")
+	Expired   = New(CodeDeadlineExceeded, "deadline exceeded")
 )
 
 // unsentineled is the sentinel an error without one maps to.
@@ -102,8 +122,8 @@ func unsentineled(err error) *Error {
 
 // CodeOf returns the contract code for err: the code of the first sentinel in
 // its chain, CANCELLED or DEADLINE_EXCEEDED for a context's end, or
-// ERROR_CODE_INTERNAL.
-func CodeOf(err error) shardv1.ErrorCode {
+// INTERNAL.
+func CodeOf(err error) Code {
 	var e *Error
 	if errors.As(err, &e) {
 		return e.code
@@ -114,27 +134,24 @@ func CodeOf(err error) shardv1.ErrorCode {
 // maxDetail bounds the detail a peer receives.
 const maxDetail = 256
 
-// ToShardError converts err into the sanitized wire error. Errors without a
-// sentinel become INTERNAL with a fixed text: their raw text stays local.
-func ToShardError(err error) *shardv1.ShardError {
-	if err == nil {
-		return nil
-	}
+// Describe is what a peer may see of err: its code, whether it may be
+// retried unchanged, and a sanitized detail of at most 256 bytes. Errors
+// without a sentinel become INTERNAL with a fixed text: their raw text stays
+// local.
+func Describe(err error) (code Code, retryable bool, detail string) {
 	var d *detailed
 	var e *Error
-	out := &shardv1.ShardError{}
 	switch {
 	case errors.As(err, &d):
-		out.Code, out.Retryable = d.sentinel.code, d.sentinel.retryable
-		out.Detail = d.sentinel.msg + ": " + d.detail
+		code, retryable, detail = d.sentinel.code, d.sentinel.retryable, d.sentinel.msg+": "+d.detail
 	case errors.As(err, &e):
-		out.Code, out.Retryable, out.Detail = e.code, e.retryable, e.msg
+		code, retryable, detail = e.code, e.retryable, e.msg
 	default:
 		u := unsentineled(err)
-		out.Code, out.Retryable, out.Detail = u.code, u.retryable, u.msg
+		code, retryable, detail = u.code, u.retryable, u.msg
 	}
-	if len(out.Detail) > maxDetail {
-		out.Detail = out.Detail[:maxDetail]
+	if len(detail) > maxDetail {
+		detail = detail[:maxDetail]
 	}
-	return out
+	return code, retryable, detail
 }

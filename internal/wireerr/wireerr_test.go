@@ -1,58 +1,37 @@
 package wireerr
 
 import (
-	"context"
-	"errors"
-	"fmt"
+	"strings"
 	"testing"
 
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 )
 
-var errSample = New(shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT, "test: sample refusal")
-
-func TestToShardErrorSanitizes(t *testing.T) {
-	cause := errors.New("/secret/path/model.gguf: permission denied")
-	tests := []struct {
-		name       string
-		err        error
-		wantCode   shardv1.ErrorCode
-		wantDetail string
-	}{
-		{"sentinel", errSample, shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT, "test: sample refusal"},
-		{"formatted", Errorf(errSample, "offset %d", 42), shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT, "test: sample refusal: offset 42"},
-		{"wrapped cause hidden", Wrap(errSample, cause), shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT, "test: sample refusal: see worker log"},
-		{"fmt wrapped", fmt.Errorf("stage: %w", errSample), shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT, "test: sample refusal"},
-		{"raw error", cause, shardv1.ErrorCode_ERROR_CODE_INTERNAL, "internal error"},
-		{"context cancelled", fmt.Errorf("open: %w", context.Canceled), shardv1.ErrorCode_ERROR_CODE_CANCELLED, "cancelled"},
-		{"context deadline", context.DeadlineExceeded, shardv1.ErrorCode_ERROR_CODE_DEADLINE_EXCEEDED, "deadline exceeded"},
+// TestCodesMatchContract: every Code is the generated ErrorCode of its
+// name, and every contract code has one.
+func TestCodesMatchContract(t *testing.T) {
+	ours := map[Code]string{
+		CodeUnspecified: "UNSPECIFIED", CodeSchemaUnsupported: "SCHEMA_UNSUPPORTED",
+		CodeFingerprintMismatch: "FINGERPRINT_MISMATCH", CodeEpochStale: "EPOCH_STALE",
+		CodeShardRangeMismatch: "SHARD_RANGE_MISMATCH", CodeCacheMiss: "CACHE_MISS",
+		CodeResourceExhausted: "RESOURCE_EXHAUSTED", CodePayloadCorrupt: "PAYLOAD_CORRUPT",
+		CodeCancelled: "CANCELLED", CodeDeadlineExceeded: "DEADLINE_EXCEEDED",
+		CodeFlowControl: "FLOW_CONTROL_VIOLATION", CodeInternal: "INTERNAL",
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := ToShardError(tt.err)
-			if got.Code != tt.wantCode || got.Detail != tt.wantDetail {
-				t.Fatalf("got (%v, %q), want (%v, %q)", got.Code, got.Detail, tt.wantCode, tt.wantDetail)
-			}
-			if CodeOf(tt.err) != tt.wantCode {
-				t.Fatalf("CodeOf %v, want %v", CodeOf(tt.err), tt.wantCode)
-			}
-			if !errors.Is(tt.err, errSample) && tt.wantCode == shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT {
-				t.Fatalf("errors.Is lost the sentinel")
-			}
-		})
+	if len(ours) != len(shardv1.ErrorCode_name) {
+		t.Fatalf("%d codes here, %d in the contract", len(ours), len(shardv1.ErrorCode_name))
 	}
-	if ToShardError(nil) != nil {
-		t.Fatal("nil error must map to nil")
+	for c, name := range ours {
+		if got := strings.TrimPrefix(shardv1.ErrorCode(c).String(), "ERROR_CODE_"); got != name {
+			t.Errorf("Code %d is %s in the contract, %s here", c, got, name)
+		}
 	}
 }
 
-func TestWrapKeepsCauseForLogs(t *testing.T) {
-	cause := errors.New("zstd: bad magic")
-	err := Wrap(errSample, cause)
-	if !errors.Is(err, cause) || !errors.Is(err, errSample) {
-		t.Fatal("both sentinel and cause must be reachable")
-	}
-	if CodeOf(err) != shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT {
-		t.Fatal("wrong code")
+func TestDescribeBoundsDetail(t *testing.T) {
+	e := New(CodePayloadCorrupt, "test: sample")
+	_, _, d := Describe(Errorf(e, "%s", strings.Repeat("x", 1000)))
+	if len(d) != maxDetail {
+		t.Fatalf("detail of %d bytes", len(d))
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/meshnet/shardd/bufpool"
 	"github.com/meshnet/shardd/bufpool/bufpooltest"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
-	"github.com/meshnet/shardd/internal/wireerr"
+	"github.com/meshnet/shardd/internal/sharderr"
 	"github.com/meshnet/shardd/stages"
 	"github.com/meshnet/shardd/stages/checksum"
 	"github.com/meshnet/shardd/stages/decompress"
@@ -199,7 +199,7 @@ func TestMalformedBundles(t *testing.T) {
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("got %v, want %v", err, tt.want)
 			}
-			se := wireerr.ToShardError(err)
+			se := sharderr.From(err)
 			if se.Code != tt.code {
 				t.Fatalf("code %v, want %v", se.Code, tt.code)
 			}
@@ -340,7 +340,7 @@ func FuzzReceive(f *testing.F) {
 		}
 		var tensor stages.Tensor
 		if err := p.Tensor(&tensor, &nt, zstdOK); err != nil {
-			if wireerr.CodeOf(err) == shardv1.ErrorCode_ERROR_CODE_INTERNAL {
+			if sharderr.Code(err) == shardv1.ErrorCode_ERROR_CODE_INTERNAL {
 				t.Fatalf("unclassified error: %v", err)
 			}
 			return
