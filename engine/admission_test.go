@@ -61,7 +61,7 @@ func TestAdmittedSessionsOutgrowKV(t *testing.T) {
 	}
 	var admitted, refused, preempted, reprefilled uint64
 	waitFor(t, w.eng, func() bool {
-		st := w.eng.sched.store
+		st := w.eng.sched.Store()
 		admitted, refused, preempted, reprefilled = st.Admitted, st.Refused, st.Preemptions, st.Reprefills
 		return true
 	})
@@ -102,7 +102,7 @@ func TestReservedAdmission(t *testing.T) {
 		t.Fatalf("b longer than the whole budget: %v", o.status)
 	}
 	a.send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Release{Release: &shardv1.ReleaseSignal{RouteSessionId: a.id, RouteEpoch: 1}}})
-	waitFor(t, w.eng, func() bool { return w.eng.sched.store.Len() == 0 })
+	waitFor(t, w.eng, func() bool { return w.eng.sched.Store().Len() == 0 })
 	if o := first(b, 4, 100, 4, 5); o.ack == nil {
 		t.Fatalf("b after a's release: %v", o.status)
 	}

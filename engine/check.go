@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/meshnet/shardd/bufpool"
+	"github.com/meshnet/shardd/engine/sched"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/tensorname"
 	"github.com/meshnet/shardd/internal/wireerr"
@@ -44,9 +45,9 @@ func (e *Engine) checkOpen(o *shardv1.SessionOpen) error {
 
 // parseDecodeStep reads a DecodeStep into w.
 func (e *Engine) parseDecodeStep(w *work, d *shardv1.DecodeStep) error {
-	w.mode, w.phase = shardv1.CacheMode_CACHE_MODE_DECODE, shardv1.Phase_PHASE_DECODE
-	w.expected, w.first, w.tokens, w.final = d.ExpectedPastLen, int(d.Position), 1, true
-	w.deadline = d.DeadlineUnixNanos
+	w.Mode, w.phase = sched.Decode, shardv1.Phase_PHASE_DECODE
+	w.Expected, w.First, w.Tokens, w.Final = d.ExpectedPastLen, int(d.Position), 1, true
+	w.Deadline = d.DeadlineUnixNanos
 	if d.Tensor == nil {
 		return wireerr.Errorf(ErrMissingTensor, "%s", e.inputName())
 	}
@@ -75,37 +76,38 @@ func (e *Engine) parseChunk(st *stream, w *work, env *shardv1.Envelope, b *shard
 	if err := e.id.checkRange(env.ShardRange); err != nil {
 		return err
 	}
-	w.epoch, w.phase, w.deadline = env.RouteEpoch, env.Phase, env.DeadlineUnixNanos
-	w.mode = env.CacheExpectation.GetMode()
-	w.expected = env.CacheExpectation.GetExpectedPastLen()
+	w.Epoch, w.phase, w.Deadline = env.RouteEpoch, env.Phase, env.DeadlineUnixNanos
+	mode := env.CacheExpectation.GetMode()
+	w.Mode = schedMode(mode)
+	w.Expected = env.CacheExpectation.GetExpectedPastLen()
 	if env.Position == nil || env.Position.TokenCount == 0 {
 		return wireerr.Errorf(ErrEnvelope, "no token positions")
 	}
-	w.first, w.tokens = int(env.Position.FirstPosition), int(env.Position.TokenCount)
+	w.First, w.Tokens = int(env.Position.FirstPosition), int(env.Position.TokenCount)
 	switch w.phase {
 	case shardv1.Phase_PHASE_PREFILL, shardv1.Phase_PHASE_DECODE:
 	default:
 		return wireerr.Errorf(ErrEnvelope, "phase %s in an activation chunk", w.phase)
 	}
-	switch w.mode {
-	case shardv1.CacheMode_CACHE_MODE_PREFILL, shardv1.CacheMode_CACHE_MODE_STATELESS:
-		if uint32(w.tokens) > st.fc.prefillTokens {
-			return wireerr.Errorf(ErrChunkTokens, "%d tokens, limit %d", w.tokens, st.fc.prefillTokens)
+	switch w.Mode {
+	case sched.Prefill, sched.Stateless:
+		if uint32(w.Tokens) > st.fc.prefillTokens {
+			return wireerr.Errorf(ErrChunkTokens, "%d tokens, limit %d", w.Tokens, st.fc.prefillTokens)
 		}
-	case shardv1.CacheMode_CACHE_MODE_DECODE:
+	case sched.Decode:
 	default:
-		return wireerr.Errorf(ErrEnvelope, "cache mode %s", w.mode)
+		return wireerr.Errorf(ErrEnvelope, "cache mode %s", mode)
 	}
-	if w.tokens > e.info.CtxTokens {
-		return wireerr.Errorf(ErrChunkTokens, "%d tokens exceed the context of %d", w.tokens, e.info.CtxTokens)
+	if w.Tokens > e.info.CtxTokens {
+		return wireerr.Errorf(ErrChunkTokens, "%d tokens exceed the context of %d", w.Tokens, e.info.CtxTokens)
 	}
-	w.final = true
+	w.Final = true
 	if c := env.Chunk; c != nil {
 		if c.ChunkCount > 0 && c.ChunkIndex >= c.ChunkCount {
 			return wireerr.Errorf(ErrEnvelope, "chunk %d of %d", c.ChunkIndex, c.ChunkCount)
 		}
 		w.chunk = chunkInfo{index: c.ChunkIndex, count: c.ChunkCount, final: c.FinalChunk}
-		w.final = c.FinalChunk
+		w.Final = c.FinalChunk
 	}
 	return e.parseBundle(w, b, st.zstdIn)
 }
@@ -174,7 +176,7 @@ func (e *Engine) parseBundle(w *work, b *shardv1.TensorBundle, zstdOK bool) erro
 			if err != nil {
 				return err
 			}
-			w.length = v
+			w.Length = v
 		default:
 			return wireerr.Errorf(ErrUnknownTensor, "%.64q", nt.Name)
 		}
@@ -220,8 +222,8 @@ func (e *Engine) parseInput(w *work, nt *shardv1.NamedTensor, zstdOK bool) error
 		elems *= d
 	}
 	if e.info.TokensIn {
-		if w.hidden.DType != shardv1.DType_DTYPE_INT32 || elems != int64(w.tokens) {
-			return wireerr.Errorf(ErrTensorShape, "input_ids must be INT32 with %d elements", w.tokens)
+		if w.hidden.DType != shardv1.DType_DTYPE_INT32 || elems != int64(w.Tokens) {
+			return wireerr.Errorf(ErrTensorShape, "input_ids must be INT32 with %d elements", w.Tokens)
 		}
 		// Decoded into the item's own array, which it keeps from one use
 		// to the next: no alignment copy of the message into a buffer.
@@ -237,8 +239,8 @@ func (e *Engine) parseInput(w *work, nt *shardv1.NamedTensor, zstdOK bool) error
 		return nil
 	}
 	shape := w.hidden.Shape
-	if len(shape) == 0 || shape[len(shape)-1] != int64(e.info.Hidden) || elems != int64(w.tokens*e.info.Hidden) {
-		return wireerr.Errorf(ErrTensorShape, "hidden_states must be [%d, %d]", w.tokens, e.info.Hidden)
+	if len(shape) == 0 || shape[len(shape)-1] != int64(e.info.Hidden) || elems != int64(w.Tokens*e.info.Hidden) {
+		return wireerr.Errorf(ErrTensorShape, "hidden_states must be [%d, %d]", w.Tokens, e.info.Hidden)
 	}
 	switch w.hidden.DType {
 	case shardv1.DType_DTYPE_BFLOAT16:
@@ -296,17 +298,17 @@ func (e *Engine) parsePositions(w *work, nt *shardv1.NamedTensor, zstdOK bool) e
 	if err := e.recv.Tensor(&t, nt, zstdOK); err != nil {
 		return err
 	}
-	if t.DType != shardv1.DType_DTYPE_INT32 || t.TotalBytes == 0 || t.TotalBytes > uint64(4*w.tokens) {
-		return wireerr.Errorf(ErrTensorShape, "output_positions must be 1..%d INT32 values", w.tokens)
+	if t.DType != shardv1.DType_DTYPE_INT32 || t.TotalBytes == 0 || t.TotalBytes > uint64(4*w.Tokens) {
+		return wireerr.Errorf(ErrTensorShape, "output_positions must be 1..%d INT32 values", w.Tokens)
 	}
 	body := t.Contiguous(e.pool)
-	w.outPos = make([]int32, 0, len(body)/4)
+	w.OutPos = make([]int32, 0, len(body)/4)
 	for i := 0; i+4 <= len(body); i += 4 {
 		p := int32(binary.LittleEndian.Uint32(body[i:]))
-		if int(p) < w.first || int(p) >= w.first+w.tokens {
-			return wireerr.Errorf(ErrTensorShape, "output position %d outside %d..%d", p, w.first, w.first+w.tokens-1)
+		if int(p) < w.First || int(p) >= w.First+w.Tokens {
+			return wireerr.Errorf(ErrTensorShape, "output position %d outside %d..%d", p, w.First, w.First+w.Tokens-1)
 		}
-		w.outPos = append(w.outPos, p)
+		w.OutPos = append(w.OutPos, p)
 	}
 	return nil
 }

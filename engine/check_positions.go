@@ -5,7 +5,7 @@ import (
 
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/bufpool"
-	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/engine/sched"
 	"github.com/meshnet/shardd/kvcache"
 )
 
@@ -26,18 +26,21 @@ func (d *driver) positionsAgree() error {
 		return nil
 	}
 	pending := map[*kvcache.Session]int{}
-	for _, q := range d.s.queues {
-		for _, w := range q.items {
-			if w.admitted && w.sess != nil && w.mode != shardv1.CacheMode_CACHE_MODE_STATELESS {
-				pending[w.sess] += w.tokens - w.done
-				if live, ok := d.s.store.Peek(w.st.id); !ok || live != w.sess || w.seq != live.Seq {
-					return fmt.Errorf("engine: admitted work %q of session %q holds sequence %d of a session the store no longer has", w.workID, w.st.id, w.seq)
-				}
-			}
-		}
-	}
+	store := d.s.Store()
 	var err error
-	d.s.store.Each(func(sess *kvcache.Session) {
+	d.s.Each(func(w *sched.Item) {
+		if !w.Admitted() || w.Sess == nil || w.Mode == sched.Stateless {
+			return
+		}
+		pending[w.Sess] += w.Tokens - w.Done
+		if live, ok := store.Peek(w.Session); (!ok || live != w.Sess || w.Seq != live.Seq) && err == nil {
+			err = fmt.Errorf("engine: admitted work %q of session %q holds sequence %d of a session the store no longer has", w.WorkID, w.Session, w.Seq)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	store.Each(func(sess *kvcache.Session) {
 		want := sess.PastLen - pending[sess]
 		if got := sc.SeqNext(sess.Seq); got != want && err == nil {
 			err = fmt.Errorf("engine: session %q (sequence %d) is at position %d (past %d, %d rows to run) but its cells end at %d",

@@ -87,7 +87,7 @@ type Config struct {
 	// Boundary is the dtype of hidden states this worker sends (bf16 is the
 	// contract's canonical choice; f32 is exact).
 	Boundary shardv1.DType
-	// PrefixCacheBytes bounds the prefix cache (prefix.go): KV cells and
+	// PrefixCacheBytes bounds the prefix cache (sched/prefix.go): KV cells and
 	// output rows of prompt prefixes this shard computed, found again by
 	// content. 0: the default, 256 MiB; negative: no cache.
 	PrefixCacheBytes int64

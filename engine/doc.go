@@ -19,36 +19,37 @@
 // what is left of the iteration's token budget with prefill tokens. A long
 // prefill never delays a decode step by more than one bounded iteration.
 // Its rules, each with the serve flag that tunes it, the metric that shows
-// it (Prometheus names: dots become underscores) and the test that pins it:
+// it (Prometheus names: dots become underscores) and the test that pins it
+// (sched/testdata/...: a scenario of engine/sched's TestScenarios):
 //
 //	rule                                        flag                       metric                               test
-//	decode steps first, one forward for all     --iteration-tokens         shardd.batch.rows                    TestPlanDecodeFirstPrefillBeside
+//	decode steps first, one forward for all     --iteration-tokens         shardd.batch.rows                    sched/testdata/decode_first_prefill_beside
 //	prefill beside decode within the decode     --decode-budget            shardd.decode_budget.iterations,     TestPlanDecodeBudgetPacking,
 //	  budget, priced by the measured cost                                  shardd.decode_budget.kept,           TestPlanBudgetPricesTheMargin,
-//	  model (cost.go)                                                      shardd.cost.base, .per_row           TestPlanBesideRowsPricedAsMeasured
+//	  model (sched/cost.go)                                                shardd.cost.base, .per_row           TestPlanBesideRowsPricedAsMeasured
 //	prompts get no row beside at the measured   --iteration-tokens         shardd.prefill.beside_probes,        TestPlanBesidePriceRecovers
 //	  price: every 8th decode iteration takes                              shardd.cost.beside_row
 //	  some anyway, to measure it again; one
 //	  sample moves it at most 4x
-//	decode rows alone every 32nd iteration,     -                          shardd.cost.per_row                  TestPlanFirstDecodeAnchors
+//	decode rows alone every 32nd iteration,     -                          shardd.cost.per_row                  sched/testdata/first_decode_anchors
 //	  to keep their own time measured
-//	prefill: fewest tokens left first, oldest   -                          -                                    TestPlanPrefillShortestFirst,
+//	prefill: fewest tokens left first, oldest   -                          -                                    sched/testdata/prefill_shortest_first,
 //	  first once a chunk waited 1 s                                                                             TestPlanPrefillPatience
-//	prefill-only iterations take this many      --prefill-iteration-tokens shardd.batch.rows                    TestPlanPrefillShortestFirst
-//	short whole prompts waiting outnumber the   --prefill-iteration-tokens -                                    TestPlanPromptsOutnumberDecoders
+//	prefill-only iterations take this many      --prefill-iteration-tokens shardd.batch.rows                    sched/testdata/prefill_shortest_first
+//	short whole prompts waiting outnumber the   --prefill-iteration-tokens -                                    sched/testdata/prompts_outnumber_decoders
 //	  decoders: a whole prefill budget beside
 //	  the decode rows
 //	no prefill that would delay a due decode    --decode-quiet             shardd.decode_due.waits              TestPlanWaitsForDueDecode
 //	  step; wait for the step instead
 //	gather: wait until 1/N of the decoding      --decode-groups,           shardd.gather.holds, .held,          TestGatherHolds,
-//	  sessions are ready, take one group's        --gather-window            shardd.gather.expired                TestPlanDecodeGroupShare,
-//	  share; prompt-only sessions not counted                                                                   TestPlanHoldIgnoresPromptOnlySessions
-//	decode rows in KV sequence order            -                          -                                    TestPlanDecodeRowsInSequenceOrder
-//	a decode step stops a prefill-only          -                          shardd.preemptions                   TestPlanPreemption,
-//	  iteration; not twice in a row, nor one                                                                    TestPlanBurstNotPreempted,
+//	  sessions are ready, take one group's        --gather-window            shardd.gather.expired                sched/testdata/decode_group_share,
+//	  share; prompt-only sessions not counted                                                                   sched/testdata/hold_ignores_prompt_only_sessions
+//	decode rows in KV sequence order            -                          -                                    sched/testdata/decode_rows_in_sequence_order
+//	a decode step stops a prefill-only          -                          shardd.preemptions                   sched/testdata/preemption,
+//	  iteration; not twice in a row, nor one                                                                    sched/testdata/burst_not_preempted,
 //	  that finishes more prompts than decode                                                                    TestDecodePreemptsPrefill
-//	no forward over the batch size              --max-batch                shardd.batch.occupancy               TestPlanBatchFull
-//	exact mode: every ready decode step in      --exact (--deterministic)  shardd.streams.placeholder_rows,     TestPlanExactTurns
+//	no forward over the batch size              --max-batch                shardd.batch.occupancy               TestDriverBatchFull
+//	exact mode: every ready decode step in      --exact (--deterministic)  shardd.streams.placeholder_rows,     sched/testdata/exact_turns
 //	  one forward, prompt chunks of one length                             shardd.streams.copies
 //	  in another, each whole, decode and prefill
 //	  taking turns; sessions moved onto
@@ -57,11 +58,11 @@
 //	  its first prefill or is refused             --ctx-tokens               shardd.sessions.refused
 //	  (retryable)
 //	an admitted session's step takes cells      --evict-grace              shardd.sessions.preempted,           TestAdmittedSessionsOutgrowKV,
-//	  from idle sessions (declared CACHE_MISS)                             shardd.sessions.reprefilled,         TestPlanEvictionSparesQueuedWork
+//	  from idle sessions (declared CACHE_MISS)                             shardd.sessions.reprefilled,         sched/testdata/eviction_spares_queued_work
 //	  and never from one with queued work                                  shardd.evictions
 //	a full queue refuses, never blocks          --max-queue                shardd.queue.depth                   TestQueueFull
 //	repeated steps answered from the results    --results-cache-bytes      shardd.results.bytes                 TestOnlyRecentResultsKept,
-//	  cache, never re-applied                                                                                   TestPlanCancelAndDuplicate
+//	  cache, never re-applied                                                                                   sched/testdata/cancel_and_duplicate
 //	a newer epoch supersedes; an older one is   -                          shardd.errors                        TestNewerEpochSupersedes
 //	  EPOCH_STALE
 //	idle sessions expire                        --session-ttl              shardd.evictions                     TestEvictedSessionMisses
@@ -75,7 +76,7 @@
 //	  cells the sequence holds in position
 //	  order, cut to whole blocks
 //
-// The prefix cache (prefix.go) answers a prompt's rows with the bits that a
+// The prefix cache (sched/prefix.go) answers a prompt's rows with the bits that a
 // forward computes for a session alone in the KV buffer. An entry is made
 // only of the positions whose cells the sequence holds, each laid in
 // position order (backend.SeqStater.SeqInOrder), cut to its whole blocks
@@ -93,19 +94,19 @@
 // session's position is where its cells end (check_positions.go).
 //
 // The scheduler is a state with a driver, as etcd's raft is built. The
-// state (scheduler.go; plan.go: planning; admission.go: admission and the
-// results cache; outcome.go: taking in a forward's result; cancel.go)
-// holds no backend, engine or clock of its own. It changes
-// only in enqueue, the control operations, plan(now), which returns the
-// next forward to run, and advance(outcome), which takes in how that
-// forward went and its output; each records what it asks of the world
-// (replies to deliver, KV cells to trim, items that leave the queue count)
-// as effects instead of doing it. The driver (driver.go), one goroutine,
-// takes in submitted work and control operations, runs the one forward
-// (the only call that waits), carries out the effects (apply) and
-// publishes the state's figures to the metrics. The clock is injected, so
-// the scenarios in plan_test.go are short scripts with no goroutine, no
-// sleep and no llama.cpp.
+// state is package engine/sched: a pure core that imports neither gRPC nor
+// the backend (its TestImports), knows sessions by id and work items by a
+// handle (sched.Item, which the engine's work embeds), and takes time only
+// as the now each call is given. It changes only in Enqueue, the control
+// calls, Plan(now), which returns the next forward to run, and
+// Advance(now, outcome); each records what it asks of the world (replies,
+// KV cells to trim, prefix saves and loads, items that leave the queue
+// count) as sched.Effects instead of doing it. The driver (driver.go), one
+// goroutine, takes in submitted work and control operations, runs the one
+// forward (the only call that waits), appends the rows' outputs to their
+// items (output.go), carries out the effects (apply) and publishes the
+// state's figures to the metrics. The engine's own scripts
+// (script_test.go) drive the driver the same way over a fake backend.
 //
 // Cache semantics are checked when work is dequeued, against the session
 // store: the epoch (older: EPOCH_STALE; newer: supersedes the old state), the

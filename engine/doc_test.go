@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-// TestRulesTable: every test and serve flag the rules table in doc.go
-// names exists, so the table cannot drift from the code.
+// TestRulesTable: every test, scenario and serve flag the rules table in
+// doc.go names exists, so the table cannot drift from the code.
 func TestRulesTable(t *testing.T) {
 	doc, err := os.ReadFile("doc.go")
 	if err != nil {
@@ -17,6 +17,8 @@ func TestRulesTable(t *testing.T) {
 	}
 	var tests strings.Builder
 	files, _ := filepath.Glob("*_test.go")
+	more, _ := filepath.Glob(filepath.Join("sched", "*_test.go"))
+	files = append(files, more...)
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -29,13 +31,19 @@ func TestRulesTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	names := regexp.MustCompile(`\bTest\w+`).FindAllString(string(doc), -1)
+	scenarios := regexp.MustCompile(`\bsched/testdata/\w+`).FindAllString(string(doc), -1)
+	for _, f := range scenarios {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("doc.go names %s, which is not a scenario: %v", f, err)
+		}
+	}
 	flags := regexp.MustCompile(`--[a-z-]+`).FindAllString(string(doc), -1)
-	if len(names) < 20 || len(flags) < 10 {
-		t.Fatalf("the table names %d tests and %d flags", len(names), len(flags))
+	if len(names)+len(scenarios) < 20 || len(flags) < 10 {
+		t.Fatalf("the table names %d tests, %d scenarios and %d flags", len(names), len(scenarios), len(flags))
 	}
 	for _, n := range names {
 		if !strings.Contains(tests.String(), "func "+n+"(") {
-			t.Errorf("doc.go names %s, which is not a test of this package", n)
+			t.Errorf("doc.go names %s, which is not a test of engine or engine/sched", n)
 		}
 	}
 	for _, f := range flags {

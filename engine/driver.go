@@ -3,9 +3,13 @@ package engine
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/meshnet/shardd/backend"
+	"github.com/meshnet/shardd/engine/sched"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/wireerr"
 )
 
 // driver is the scheduler's goroutine: the only part of the engine that
@@ -17,20 +21,28 @@ import (
 // these; it decides, the driver does.
 type driver struct {
 	e     *Engine
-	s     *scheduler
+	s     *sched.Scheduler
 	be    backend.Backend
 	batch backend.Batch
 	out   backend.Output
+	// topIdx and topHeap are appendTop's scratch (compact output).
+	topIdx, topHeap []int32
 	// backup holds a sequence's cells while a prefix load replaces them;
 	// saved and cut a state on its way to becoming a prefix cache entry.
 	backup, saved, cut []byte
 	// stats are the figures publish makes public (Engine.Stats).
 	stats Stats
+	// clock is the time the driver gives the scheduler (time.Now; a
+	// script's clock in tests).
+	clock func() time.Time
 }
 
 // init allocates the forward batch.
 func (d *driver) init(e *Engine) error {
-	d.e, d.s, d.be = e, &e.sched, e.be
+	d.e, d.s, d.be = e, e.sched, e.be
+	if d.clock == nil {
+		d.clock = time.Now
+	}
 	b, err := d.be.NewBatch()
 	d.batch = b
 	return err
@@ -44,15 +56,15 @@ func (d *driver) run() {
 	hold := time.NewTimer(time.Hour)
 	hold.Stop()
 	for {
-		if s.pending == 0 || !s.wake.IsZero() {
+		if s.Pending() == 0 || !s.Wake().IsZero() {
 			var woke <-chan time.Time
-			if !s.wake.IsZero() {
-				hold.Reset(time.Until(s.wake))
+			if wake := s.Wake(); !wake.IsZero() {
+				hold.Reset(time.Until(wake))
 				woke = hold.C
 			}
 			select {
 			case w := <-e.submitQ:
-				s.enqueue(w)
+				s.Enqueue(&w.Item, d.clock())
 			case op := <-e.control:
 				d.runOp(op)
 			case <-sweep.C:
@@ -63,14 +75,14 @@ func (d *driver) run() {
 				return
 			}
 			hold.Stop()
-			s.wake = time.Time{}
+			s.ClearWake()
 		}
 		// Take everything else that is ready without waiting. (Go has no
 		// conditional default, hence the second select.)
 		for more := true; more; {
 			select {
 			case w := <-e.submitQ:
-				s.enqueue(w)
+				s.Enqueue(&w.Item, d.clock())
 			case op := <-e.control:
 				d.runOp(op)
 			case <-sweep.C:
@@ -82,7 +94,7 @@ func (d *driver) run() {
 				more = false
 			}
 		}
-		if s.pending > 0 && d.batch != nil {
+		if s.Pending() > 0 && d.batch != nil {
 			d.step()
 		}
 	}
@@ -92,30 +104,42 @@ func (d *driver) run() {
 // forward and hands its outcome back; the effects of each are carried out
 // in between.
 func (d *driver) step() {
-	fp, run := d.s.plan(d.s.now())
+	fp, run := d.s.Plan(d.clock())
 	d.settle(0)
-	if d.s.loadFailed {
-		d.s.loadFailed = false
-		if run {
-			d.s.rewindPlanned() // nothing ran; every item is planned again
-			d.settle(0)
-		}
+	if d.s.LoadFailed() {
+		d.settle(0) // nothing ran; every item is planned again
 		return
 	}
 	if !run {
 		return
 	}
 	took, err := d.forward(fp)
-	d.s.advance(forwardOutcome{took: took, err: err, out: &d.out})
-	if err != nil && !errors.Is(err, backend.ErrPreempted) {
-		d.e.log.Error("forward failed", "rows", fp.rows, "err", err)
+	d.advance(fp, took, err)
+	d.settle(fp.Rows)
+}
+
+// advance hands a forward's outcome to the scheduler: the rows' outputs
+// appended to their items, or its failure as the refusal its items get.
+func (d *driver) advance(fp sched.Forward, took time.Duration, err error) {
+	o := sched.Outcome{Took: took}
+	switch {
+	case err == nil:
+		d.collect(fp, &d.out)
+	case errors.Is(err, backend.ErrPreempted):
+		o.Preempted = true
+	case errors.Is(err, backend.ErrKVFull):
+		d.e.log.Error("forward failed", "rows", fp.Rows, "err", err)
+		o.Err = ErrKVFull
+	default:
+		d.e.log.Error("forward failed", "rows", fp.Rows, "err", err)
+		o.Err = wireerr.Wrap(ErrForward, err)
 	}
-	d.settle(fp.rows)
+	d.s.Advance(d.clock(), o)
 }
 
 // sweep evicts expired sessions and publishes the store's figures.
 func (d *driver) sweep() {
-	d.s.store.Sweep()
+	d.s.Sweep(d.clock())
 	d.settle(0)
 }
 
@@ -125,7 +149,7 @@ func (d *driver) runOp(op func()) {
 	for {
 		select {
 		case w := <-d.e.submitQ:
-			d.s.enqueue(w)
+			d.s.Enqueue(&w.Item, d.clock())
 			continue
 		default:
 		}
@@ -137,16 +161,16 @@ func (d *driver) runOp(op func()) {
 
 // forward fills the batch with the planned rows and runs it: the only call
 // that waits on the backend.
-func (d *driver) forward(fp forwardPlan) (time.Duration, error) {
+func (d *driver) forward(fp sched.Forward) (time.Duration, error) {
 	d.batch.Reset()
-	for _, p := range fp.items {
+	for _, p := range fp.Items {
 		if err := d.fill(p); err != nil {
 			return 0, err
 		}
 	}
 	var err error
 	start := time.Now()
-	if pb, ok := d.be.(backend.Preemptible); ok && fp.preemptible {
+	if pb, ok := d.be.(backend.Preemptible); ok && fp.Preemptible {
 		err = pb.ForwardPreemptible(d.batch, &d.out)
 	} else {
 		err = d.be.Forward(d.batch, &d.out)
@@ -156,22 +180,22 @@ func (d *driver) forward(fp forwardPlan) (time.Duration, error) {
 	return took, err
 }
 
-// fill adds planned rows [p.from, p.from+p.n) of p.w to the batch.
-func (d *driver) fill(p planned) error {
+// fill adds planned rows [p.From, p.From+p.N) of p.Item to the batch.
+func (d *driver) fill(p sched.Planned) error {
 	info := d.e.info
 	h := info.Hidden
-	w := p.w
-	for r := p.from; r < p.from+p.n; r++ {
-		pos := w.first + r
-		out := info.LogitsOut && w.rowWantsOutput(r)
+	w := p.Item.Owner.(*work)
+	for r := p.From; r < p.From+p.N; r++ {
+		pos := w.First + r
+		out := info.LogitsOut && w.RowWantsOutput(r)
 		var err error
 		switch {
 		case info.TokensIn:
-			err = d.batch.AddToken(w.seq, pos, w.tokenIDs[r], out)
+			err = d.batch.AddToken(w.Seq, pos, w.tokenIDs[r], out)
 		case w.hiddenF:
-			err = d.batch.AddHiddenF32(w.seq, pos, f32s(w.hiddenB[4*r*h:4*(r+1)*h]), out)
+			err = d.batch.AddHiddenF32(w.Seq, pos, f32s(w.hiddenB[4*r*h:4*(r+1)*h]), out)
 		default:
-			err = d.batch.AddHiddenBF16(w.seq, pos, w.hiddenB[2*r*h:2*(r+1)*h], out)
+			err = d.batch.AddHiddenBF16(w.Seq, pos, w.hiddenB[2*r*h:2*(r+1)*h], out)
 		}
 		if err != nil {
 			return err // inputs were validated and plan keeps to MaxBatch: a bug
@@ -180,42 +204,64 @@ func (d *driver) fill(p planned) error {
 	return nil
 }
 
-// apply carries out the recorded effects: trims first (a trimmed cell
-// must be gone before any peer learns its work ended), then deliveries in
-// the order they were decided, then the queue count of the items they
-// ended (so Drain sees an empty queue only once every reply is handed
-// over), and last the items go back to their pool. Deliveries never block
-// (stream.deliver).
+// apply carries out the recorded effects: prefix saves, then trims (a
+// trimmed cell must be gone before any peer learns its work ended), then
+// prefix loads, then replies in the order they were decided, then the
+// queue count of the items they ended (so Drain sees an empty queue only
+// once every reply is handed over), and last the items go back to their
+// pool. Deliveries never block (stream.deliver).
 func (d *driver) apply() {
-	fx := &d.s.fx
-	for _, sv := range fx.saves {
+	fx := d.s.Effects()
+	for _, sv := range fx.Saves {
 		d.save(sv)
 	}
-	for _, t := range fx.trims {
-		d.be.SeqTrim(t.seq, t.pos)
+	for _, t := range fx.Trims {
+		d.be.SeqTrim(t.Seq, t.Pos)
 	}
-	for _, l := range fx.loads {
+	for _, l := range fx.Loads {
 		d.load(l)
 	}
-	for _, dl := range fx.deliveries {
-		dl.st.deliver(dl.r, dl.work)
+	for _, r := range fx.Replies {
+		w := r.Item.Owner.(*work)
+		w.st.deliver(replyFor(w, r), true)
 	}
-	if n := len(fx.retired); n > 0 {
+	if n := len(fx.Retired); n > 0 {
 		d.e.queued.Add(-int32(n))
 	}
-	for _, w := range fx.retired {
-		w.recycle()
+	for _, it := range fx.Retired {
+		it.Owner.(*work).recycle()
 	}
-	fx.reset()
+	fx.Reset()
+}
+
+// replyFor is the stream's reply to w for what the scheduler decided.
+func replyFor(w *work, r sched.Reply) reply {
+	switch {
+	case r.Quiet:
+		return reply{} // accounting only; nobody reads
+	case r.Out != nil:
+		return reply{res: r.Out.(*result), duplicate: r.Duplicate}
+	case r.Duplicate:
+		return reply{ack: &shardv1.Ack{
+			WorkId: strings.Clone(w.WorkID), IdempotencyStep: w.Step, Duplicate: true,
+			CacheResult: &shardv1.CacheResult{Mode: cacheMode(w.Mode), PastLen: r.PastLen, CacheHit: true},
+		}}
+	}
+	st := statusFor(w.Session, w.WorkID, w.Step, r.Err)
+	if errors.Is(r.Err, ErrCacheMiss) {
+		st.Error.ActualPastLen = r.ActualPastLen
+	}
+	return reply{status: st}
 }
 
 // save makes a prefix cache entry from a sequence's state.
-func (d *driver) save(sv saveOp) {
+func (d *driver) save(sv sched.Save) {
 	ss, ok := d.be.(backend.SeqStater)
-	if !ok || d.s.prefix == nil {
+	block := d.s.PrefixBlock()
+	if !ok || block == 0 {
 		return
 	}
-	state, err := ss.SeqSave(d.saved[:0], sv.seq)
+	state, err := ss.SeqSave(d.saved[:0], sv.Seq)
 	d.saved = state[:0]
 	if err != nil {
 		d.e.log.Warn("prefix cache: could not save a sequence", "err", err)
@@ -225,53 +271,50 @@ func (d *driver) save(sv saveOp) {
 	// order, are a lone run's bits: a chain may have been fed rows that
 	// never ran (a chunk preempted, then cancelled), and in a shared KV
 	// buffer a session's later positions can land in earlier cells.
-	c := d.s.prefix
-	blocks := min(sv.blocks, ss.SeqInOrder(state)/c.block)
-	if blocks < sv.blocks {
-		c.unordered++
-	}
+	blocks := min(sv.Blocks, ss.SeqInOrder(state)/block)
 	if blocks == 0 {
+		d.s.SavePrefix(sv, 0, nil)
 		return
 	}
 	// The entry holds its blocks' cells and no more, so a load trims none
 	// and leaves no hole for a later row to land in before them.
-	cut, err := ss.SeqCut(d.cut[:0], state, blocks*c.block)
+	cut, err := ss.SeqCut(d.cut[:0], state, blocks*block)
 	d.cut = cut[:0]
 	if err != nil {
 		d.e.log.Warn("prefix cache: could not cut a sequence's state", "err", err)
 		return
 	}
 	// A copy of its own size: the cache counts its entries' bytes.
-	c.insert(sv.chain, blocks, bytes.Clone(cut))
+	d.s.SavePrefix(sv, blocks, bytes.Clone(cut))
 }
 
 // load puts a prefix cache entry's state into a sequence in place of its
 // cells. When it does not fit, the sequence gets its own cells back and
-// the scheduler runs the rows itself (undo).
-func (d *driver) load(l loadOp) {
+// the scheduler runs the rows itself (Undo).
+func (d *driver) load(l sched.Load) {
 	ss := d.be.(backend.SeqStater) // the scheduler loads only through one
 	var err error
 	d.backup = d.backup[:0]
-	if l.first > 0 {
-		if d.backup, err = ss.SeqSave(d.backup, l.seq); err != nil {
-			l.undo()
+	if l.First > 0 {
+		if d.backup, err = ss.SeqSave(d.backup, l.Seq); err != nil {
+			l.Undo()
 			return
 		}
 	}
-	d.be.SeqTrim(l.seq, 0)
-	if err = ss.SeqLoad(l.seq, l.state); err == nil {
-		err = d.be.SeqTrim(l.seq, l.to)
+	d.be.SeqTrim(l.Seq, 0)
+	if err = ss.SeqLoad(l.Seq, l.State); err == nil {
+		err = d.be.SeqTrim(l.Seq, l.To)
 	}
 	if err == nil {
 		return
 	}
-	d.be.SeqTrim(l.seq, 0)
-	if l.first > 0 {
-		if err := ss.SeqLoad(l.seq, d.backup); err != nil {
+	d.be.SeqTrim(l.Seq, 0)
+	if l.First > 0 {
+		if err := ss.SeqLoad(l.Seq, d.backup); err != nil {
 			d.e.log.Error("prefix cache: could not restore a sequence", "err", err)
 		}
 	}
-	l.undo()
+	l.Undo()
 }
 
 // settle publishes the state's figures and then carries out the effects,
@@ -291,14 +334,14 @@ func (d *driver) publish(rows int) {
 		d.stats.Occupancy = rows
 		d.e.obs.recordOccupancy(rows)
 	}
-	d.s.stats(&d.stats)
+	d.s.Stats(&d.stats)
 	d.e.published.set(&d.stats)
 }
 
 // shutdown answers everything still queued with CANCELLED, frees the
 // state's results and the batch.
 func (d *driver) shutdown() {
-	d.s.shutdown()
+	d.s.Shutdown()
 	d.publish(0)
 	d.apply()
 	if d.batch != nil {

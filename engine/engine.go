@@ -10,10 +10,10 @@ import (
 
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/bufpool"
+	"github.com/meshnet/shardd/engine/sched"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/internal/feature"
-	"github.com/meshnet/shardd/internal/lru"
 	"github.com/meshnet/shardd/stages/checksum"
 	"github.com/meshnet/shardd/stages/decode"
 	"github.com/meshnet/shardd/stages/dtype"
@@ -62,7 +62,7 @@ type Engine struct {
 
 	// Owned by the scheduler goroutine (drv.run): the state that decides
 	// and the driver that runs the backend.
-	sched scheduler
+	sched *sched.Scheduler
 	drv   driver
 }
 
@@ -105,17 +105,7 @@ func New(cfg Config, be backend.Backend, meta gguf.Meta, log *slog.Logger) *Engi
 		e.validated, e.validatedAt = true, time.Now()
 		e.state.Store(int32(shardv1.ServingState_SERVING_STATE_SERVING))
 	}
-	e.sched.init(cfg, info, pool, e.obs.on)
-	if _, ok := be.(backend.SeqStater); ok && cfg.PrefixCacheBytes > 0 {
-		rowBytes, boundary := 0, "bf16"
-		if cfg.Boundary == shardv1.DType_DTYPE_FLOAT32 {
-			boundary = "f32"
-		}
-		if !info.LogitsOut {
-			rowBytes = dtype.Size(cfg.Boundary) * info.Hidden
-		}
-		e.sched.prefix = newPrefixCache(cfg.PrefixCacheBytes, cfg.PrefixBlock, rowBytes, prefixMaxRows(info), prefixSeed(e.id, boundary))
-	}
+	e.initSched()
 	if err := e.drv.init(e); err != nil {
 		e.detail = "could not allocate the forward batch"
 		e.validated = false
@@ -187,13 +177,27 @@ func (e *Engine) do(ctx context.Context, op func()) error {
 
 var inboundPool = sync.Pool{New: func() any { return new(decode.Inbound) }}
 
-// resultKey identifies a step's result for duplicate answers.
-type resultKey struct {
-	session string
-	epoch   uint64
-	step    uint64
-}
-
-func newResultsCache(budget int64) *lru.Cache[resultKey, *result] {
-	return lru.New[resultKey, *result](budget, func(_ resultKey, r *result) { r.release() })
+// initSched makes the scheduler's state for this engine's settings and
+// backend, with the prefix cache where the backend can copy KV state.
+func (e *Engine) initSched() {
+	cfg, info := &e.cfg, &e.info
+	e.sched = sched.New(sched.Config{
+		Exact: cfg.Exact, MaxSessions: cfg.MaxSessions, SessionTTL: cfg.SessionTTL, EvictGrace: cfg.EvictGrace,
+		ResultsCacheBytes: cfg.ResultsCacheBytes, MaxInflightChunks: cfg.MaxInflightChunks,
+		IterationTokens: cfg.IterationTokens, PrefillIterationTokens: cfg.PrefillIterationTokens,
+		DecodeBudget: cfg.DecodeBudget, DecodeQuiet: cfg.DecodeQuiet, GatherWindow: cfg.GatherWindow,
+		DecodeGroups: cfg.DecodeGroups,
+	}, sched.Info{MaxSeqs: info.MaxSeqs, CtxTokens: info.CtxTokens, MaxBatch: info.MaxBatch, LogitsOut: info.LogitsOut},
+		e.pool, sched.Hooks{Complete: e.complete}, time.Now())
+	if _, ok := e.be.(backend.SeqStater); !ok || cfg.PrefixCacheBytes <= 0 {
+		return
+	}
+	rowBytes, boundary := 0, "bf16"
+	if cfg.Boundary == shardv1.DType_DTYPE_FLOAT32 {
+		boundary = "f32"
+	}
+	if !info.LogitsOut {
+		rowBytes = dtype.Size(cfg.Boundary) * info.Hidden
+	}
+	e.sched.EnablePrefix(sched.PrefixConfig{Bytes: cfg.PrefixCacheBytes, Block: cfg.PrefixBlock, RowBytes: rowBytes, Seed: prefixSeed(e.id, boundary)})
 }

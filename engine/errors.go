@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"github.com/meshnet/shardd/engine/sched"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/wireerr"
 )
@@ -26,13 +27,13 @@ var (
 	ErrIdentity       = wireerr.New(codeFingerprint, "engine: envelope identity differs from the session opened on this stream")
 	ErrRange          = wireerr.New(codeRange, "engine: shard range differs from the range this worker serves")
 	ErrEffectiveStart = wireerr.New(codeRange, "engine: cannot execute from this effective_start_layer")
-	ErrCacheMiss      = wireerr.New(codeMiss, "engine: session cache is not where the sender expects")
+	ErrCacheMiss      = sched.ErrCacheMiss
 	ErrNoSession      = wireerr.NewRetryable(codeExhausted, "engine: no session slot is free")
 	ErrDraining       = wireerr.NewRetryable(codeExhausted, "engine: worker is draining and accepts no new sessions")
 	ErrQueueFull      = wireerr.NewRetryable(codeExhausted, "engine: work queue is full")
 	ErrHandoff        = wireerr.NewRetryable(codeExhausted, "engine: worker is draining and hands its sessions to a standby")
-	ErrCancelled      = wireerr.New(codeCancelled, "engine: work cancelled")
-	ErrDeadline       = wireerr.New(codeDeadline, "engine: deadline passed before the work ran")
+	ErrCancelled      = sched.ErrCancelled
+	ErrDeadline       = sched.ErrDeadline
 	ErrCredit         = wireerr.New(codeFlow, "engine: sender exceeded its granted credit")
 	ErrChunkTokens    = wireerr.New(codeFlow, "engine: prefill chunk exceeds max_prefill_chunk_tokens")
 	ErrChunkBytes     = wireerr.New(codeFlow, "engine: message exceeds max_chunk_bytes")

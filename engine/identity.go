@@ -2,6 +2,7 @@ package engine
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"strings"
 
@@ -146,4 +147,22 @@ func (id Identity) checkRange(r *shardv1.ShardRange) error {
 		return wireerr.Errorf(ErrEffectiveStart, "effective start %d, this shard starts at %d", r.EffectiveStartLayer, want.StartLayer)
 	}
 	return nil
+}
+
+// prefixSeed is the prefix cache's chain start for a worker serving id
+// with the given boundary dtype: entries of another identity never match.
+func prefixSeed(id Identity, boundary string) [32]byte {
+	h := sha256.New()
+	fp, r := id.Fingerprint, id.Range
+	for _, s := range []string{"shardd prefix/1", fp.GetModelArtifactDigest(), fp.GetRuntimeRecipeDigest(), boundary} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	var b [8]byte
+	binary.LittleEndian.PutUint32(b[:4], r.GetStartLayer())
+	binary.LittleEndian.PutUint32(b[4:], r.GetEndLayer())
+	h.Write(b[:])
+	var seed [32]byte
+	h.Sum(seed[:0])
+	return seed
 }

@@ -98,3 +98,28 @@ func TestRecipeThreads(t *testing.T) {
 		}
 	}
 }
+
+// The prefix cache's seed names the whole identity: another recipe, range,
+// model or boundary dtype gives another seed, so its entries never match
+// (sched's TestPrefixCacheIdentity: entries under another seed are never
+// used).
+func TestPrefixSeedIdentity(t *testing.T) {
+	id := func(model, recipe string, start, end uint32) Identity {
+		return Identity{Fingerprint: &shardv1.Fingerprint{ModelArtifactDigest: model, RuntimeRecipeDigest: recipe},
+			Range: &shardv1.ShardRange{StartLayer: start, EndLayer: end}}
+	}
+	base := prefixSeed(id("sha256:m", "r1", 0, 6), "bf16")
+	for name, seed := range map[string][32]byte{
+		"recipe":   prefixSeed(id("sha256:m", "r2", 0, 6), "bf16"),
+		"range":    prefixSeed(id("sha256:m", "r1", 0, 3), "bf16"),
+		"model":    prefixSeed(id("sha256:n", "r1", 0, 6), "bf16"),
+		"boundary": prefixSeed(id("sha256:m", "r1", 0, 6), "f32"),
+	} {
+		if seed == base {
+			t.Errorf("another %s gives the same seed", name)
+		}
+	}
+	if prefixSeed(id("sha256:m", "r1", 0, 6), "bf16") != base {
+		t.Error("the same identity gives another seed")
+	}
+}

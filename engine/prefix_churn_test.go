@@ -7,6 +7,7 @@ import (
 
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/backend/backendtest"
+	"github.com/meshnet/shardd/engine/sched"
 )
 
 // prefixScript is a script over a whole-model shard (token ids in, logits
@@ -18,7 +19,7 @@ func prefixScript(t *testing.T, cfg Config) (*script, *backendtest.Stater) {
 	sc := newScript(t, cfg, func(i *backend.Info) { i.LogitsOut = true })
 	st := backendtest.NewStater(sc.fb)
 	sc.e.be, sc.d.be = st, st
-	sc.s.prefix = newPrefixCache(1<<20, 4, 0, prefixMaxRows(sc.e.info), [32]byte{7})
+	sc.s.EnablePrefix(sched.PrefixConfig{Bytes: 1 << 20, Block: 4, Seed: [32]byte{7}})
 	return sc, st
 }
 
@@ -29,15 +30,22 @@ func (sc *script) settled() {
 	sc.t.Helper()
 	sc.agree("before")
 	for i := range 64 {
-		if sc.s.pending == 0 {
+		if sc.s.Pending() == 0 {
 			return
 		}
-		sc.s.wake = time.Time{}
+		sc.s.ClearWake()
 		sc.d.step()
 		sc.agree(fmt.Sprintf("after iteration %d", i))
 		sc.now = sc.now.Add(time.Millisecond)
 	}
 	sc.t.Fatal("work still pending after 64 iterations")
+}
+
+// stats are the scheduler's figures now.
+func (sc *script) stats() Stats {
+	var st Stats
+	sc.s.Stats(&st)
+	return st
 }
 
 // agree fails the test when a session's position and its cells disagree.
@@ -53,7 +61,7 @@ func (sc *script) agree(when string) {
 func (sc *script) preemptPlanned() {
 	sc.t.Helper()
 	sc.plan()
-	sc.s.advance(forwardOutcome{err: backend.ErrPreempted, out: &sc.d.out})
+	sc.s.Advance(sc.now, sched.Outcome{Preempted: true})
 	sc.d.apply()
 	sc.agree("after a preempted forward")
 }
@@ -75,7 +83,7 @@ func TestPrefixCacheChurn(t *testing.T) {
 		sc.expect("a's first chunk", sc.replies("a"), "ack 1")
 		sc.submit("a", 4)
 		sc.preemptPlanned()
-		sc.s.cancel("a", 1, "")
+		sc.s.Cancel(sc.now, "a", 1, "")
 		sc.d.apply()
 		sc.expect("a's second chunk", sc.replies("a"), "CANCELLED 2")
 		sc.agree("after the cancel")
@@ -90,13 +98,13 @@ func TestPrefixCacheChurn(t *testing.T) {
 	}{
 		{name: "cancelled then released", z: 8, hit: 4, run: func(sc *script, _ *backendtest.Stater) {
 			unrun(sc)
-			sc.s.release("a", 1)
+			sc.s.Release(sc.now, "a", 1)
 			sc.d.apply()
 		}},
 		{name: "cancelled then expired", cfg: Config{SessionTTL: time.Second}, z: 8, hit: 4, run: func(sc *script, _ *backendtest.Stater) {
 			unrun(sc)
 			sc.now = sc.now.Add(2 * time.Second)
-			sc.s.store.Sweep()
+			sc.s.Sweep(sc.now)
 			sc.d.apply()
 		}},
 		{name: "cancelled then evicted by a newcomer", cfg: Config{MaxSessions: 1}, z: 8, hit: 4, run: func(sc *script, _ *backendtest.Stater) {
@@ -112,18 +120,18 @@ func TestPrefixCacheChurn(t *testing.T) {
 			sc.preemptPlanned()
 			sc.settled()
 			sc.expect("a", sc.replies("a"), "ack 1, ack 2")
-			sc.s.release("a", 1)
+			sc.s.Release(sc.now, "a", 1)
 			sc.d.apply()
 		}},
 		{name: "cells out of order from position 4", z: 8, hit: 4, run: func(sc *script, st *backendtest.Stater) {
 			sc.submit("a", 4)
 			sc.settled()
-			sess, _ := sc.s.store.Peek("a")
+			sess, _ := sc.s.Store().Peek("a")
 			st.OrderFrom[sess.Seq] = 4 // a's later cells land before its earlier ones
 			sc.submit("a", 4)
 			sc.settled()
 			sc.expect("a", sc.replies("a"), "ack 1, ack 2")
-			sc.s.release("a", 1)
+			sc.s.Release(sc.now, "a", 1)
 			sc.d.apply()
 		}},
 		{name: "a load finds no room, then the next chunk", z: 4, hit: 0, run: func(sc *script, st *backendtest.Stater) {
@@ -134,18 +142,17 @@ func TestPrefixCacheChurn(t *testing.T) {
 			sc.submit("b", 4) // 3 rows from the cache, but the load fails: all run
 			sc.settled()
 			sc.expect("b", sc.replies("b"), "ack 1")
-			if sc.s.prefix.misfits != 1 {
-				sc.t.Fatalf("%d misfits, want 1", sc.s.prefix.misfits)
+			if st := sc.stats(); st.PrefixMisfits != 1 {
+				sc.t.Fatalf("%d misfits, want 1", st.PrefixMisfits)
 			}
 			sc.submit("b", 4)
 			sc.settled()
 			sc.expect("b's next chunk", sc.replies("b"), "ack 2")
 			st.LoadFull = false
-			sc.s.release("a", 1)
-			sc.s.release("b", 1)
+			sc.s.Release(sc.now, "a", 1)
+			sc.s.Release(sc.now, "b", 1)
 			sc.d.apply()
-			sc.s.prefix.entries.EvictOldest()
-			sc.s.prefix.entries.EvictOldest()
+			sc.s.FlushPrefix()
 		}},
 		{name: "a duplicate of a step answered from the cache", z: 8, hit: 7, run: func(sc *script, _ *backendtest.Stater) {
 			sc.submit("a", 8)
@@ -158,7 +165,7 @@ func TestPrefixCacheChurn(t *testing.T) {
 			sc.submit("b", 8)
 			sc.settled()
 			sc.expect("b again", sc.replies("b"), "dup 1")
-			sc.s.release("b", 1)
+			sc.s.Release(sc.now, "b", 1)
 			sc.d.apply()
 		}},
 	}
@@ -167,13 +174,13 @@ func TestPrefixCacheChurn(t *testing.T) {
 			sc, st := prefixScript(t, c.cfg)
 			c.run(sc, st)
 			sc.agree("after the scenario")
-			tokens := sc.s.prefix.tokens
+			tokens := sc.stats().PrefixTokens
 			sc.submit("z", c.z)
 			sc.settled()
 			if got := sc.replies("z"); got != "ack 1" {
 				t.Fatalf("the last session got %q", got)
 			}
-			if got := sc.s.prefix.tokens - tokens; got != int64(c.hit) {
+			if got := sc.stats().PrefixTokens - tokens; got != int64(c.hit) {
 				t.Fatalf("the last session's prompt of %d had %d rows from the cache, want %d", c.z, got, c.hit)
 			}
 		})

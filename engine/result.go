@@ -68,7 +68,8 @@ type resultFields struct {
 	bytesIn int
 }
 
-func (r *result) cost() int64 {
+// Cost is the bytes the results cache counts for r.
+func (r *result) Cost() int64 {
 	if r.body == nil {
 		return 256
 	}
@@ -80,6 +81,10 @@ func (r *result) ref() *result {
 	r.refs.Add(1)
 	return r
 }
+
+// Retain and Release are ref and release as sched.Output.
+func (r *result) Retain()  { r.refs.Add(1) }
+func (r *result) Release() { r.release() }
 
 // release drops one holder's reference; the last one frees the result.
 // Releasing more often than referenced would hand a result still in use

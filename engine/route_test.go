@@ -222,7 +222,7 @@ func TestInBandReleaseAndCancel(t *testing.T) {
 	s.prefillTokens(1, 1, 2, 3)
 	s.send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Cancel{Cancel: &shardv1.CancelSignal{RouteSessionId: "inband", RouteEpoch: 1}}})
 	s.send(&shardv1.SessionRequest{Kind: &shardv1.SessionRequest_Release{Release: &shardv1.ReleaseSignal{RouteSessionId: "inband", RouteEpoch: 1}}})
-	waitFor(t, w.eng, func() bool { return w.eng.sched.store.Len() == 0 })
+	waitFor(t, w.eng, func() bool { return w.eng.sched.Store().Len() == 0 })
 	if o := s.decodeToken(2, 3, 4); code(o) != cMiss {
 		t.Fatalf("after release: %v", o.status)
 	}

@@ -56,7 +56,7 @@ func TestEvictedSessionMisses(t *testing.T) {
 		t.Fatalf("the new session: %v", o.status)
 	}
 	var evictions int64
-	waitFor(t, w.eng, func() bool { evictions = int64(w.eng.sched.store.Evictions); return true })
+	waitFor(t, w.eng, func() bool { evictions = int64(w.eng.sched.Store().Evictions); return true })
 	if evictions != 1 {
 		t.Fatalf("evictions %d", evictions)
 	}
@@ -109,7 +109,7 @@ func TestDroppedSessionFreesResults(t *testing.T) {
 	w := startLlama(t, whole, Config{MaxSessions: 1})
 	held := func() int64 {
 		var n int64
-		waitFor(t, w.eng, func() bool { n = w.eng.sched.results.Cost(); return true })
+		waitFor(t, w.eng, func() bool { var st Stats; w.eng.sched.Stats(&st); n = st.ResultsBytes; return true })
 		return n
 	}
 	a := w.open(t, "drop-a", 1)

@@ -98,7 +98,7 @@ func (e *Engine) Release(ctx context.Context, req *shardv1.ReleaseRequest) (*sha
 	id := strings.Clone(req.RouteSessionId)
 	var released bool
 	var rerr error
-	if err := e.do(ctx, func() { released, rerr = e.sched.release(id, req.RouteEpoch) }); err != nil {
+	if err := e.do(ctx, func() { released, rerr = e.sched.Release(e.drv.clock(), id, req.RouteEpoch) }); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
 	if rerr != nil {
@@ -115,7 +115,7 @@ func (e *Engine) Cancel(ctx context.Context, req *shardv1.CancelRequest) (*shard
 	}
 	id, workID := strings.Clone(req.RouteSessionId), strings.Clone(req.WorkId)
 	var n int
-	if err := e.do(ctx, func() { n = e.sched.cancel(id, req.RouteEpoch, workID) }); err != nil {
+	if err := e.do(ctx, func() { n = e.sched.Cancel(e.drv.clock(), id, req.RouteEpoch, workID) }); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
 	return &shardv1.CancelResponse{CancelledWorkItems: uint32(n)}, nil

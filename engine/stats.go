@@ -2,56 +2,13 @@ package engine
 
 import (
 	"sync"
-	"time"
+
+	"github.com/meshnet/shardd/engine/sched"
 )
 
-// Stats are the scheduler's figures, what Health and the metrics report.
-// The scheduler's goroutine makes them after every iteration
-// (scheduler.stats, with the driver's own two) and publishes them in one
-// place (driver.publish); any goroutine reads a copy (Engine.Stats).
-type Stats struct {
-	Sessions  int     // route sessions holding KV state
-	Occupancy int     // rows in the last forward call
-	Pressure  float64 // fraction of the KV token budget held or reserved
-	// Sessions evicted (budget or TTL), admitted at their first prefill,
-	// refused there, preempted for an admitted session's step, and
-	// prefilled again after a loss.
-	Evictions, Admitted, Refused, SessionsPreempted, Reprefilled int64
-	ResultsBytes                                                 int64 // held by the results cache
-	// The prefix cache: chunks that took rows from it, positions it
-	// answered, bytes held, loads with no room, entries cut short.
-	PrefixHits, PrefixTokens, PrefixBytes, PrefixMisfits, PrefixUnordered int64
-	CostBase, CostPerRow                                                  float64 // the cost model, seconds
-	// Iterations under a decode budget and those that kept it, prefill
-	// iterations held back for a due decode step, decode iterations that
-	// priced prefill rows again, prefill iterations preempted.
-	BudgetRuns, BudgetHits, DueWaits, BesideProbes, Preemptions int64
-	BesideRow                                                   time.Duration // the measured price of a prefill row beside decode rows
-	Holds, HoldsExpired                                         int64         // decode iterations that waited for their group; of them, expired
-	Held                                                        time.Duration // time held
-	Busy                                                        time.Duration // time in forward calls
-}
-
-// stats writes the scheduler's figures into st (all but the driver's
-// Occupancy and Busy).
-func (s *scheduler) stats(st *Stats) {
-	st.Sessions = s.store.Len()
-	st.Pressure = s.store.Pressure()
-	st.Evictions, st.Admitted, st.Refused = int64(s.store.Evictions), int64(s.store.Admitted), int64(s.store.Refused)
-	st.SessionsPreempted, st.Reprefilled = int64(s.store.Preemptions), int64(s.store.Reprefills)
-	st.ResultsBytes = s.results.Cost()
-	if p := s.prefix; p != nil {
-		st.PrefixHits, st.PrefixTokens, st.PrefixBytes = p.hits, p.tokens, p.entries.Cost()
-		st.PrefixMisfits, st.PrefixUnordered = p.misfits, p.unordered
-	}
-	if base, perRow, ok := s.cost.coef(); ok {
-		st.CostBase, st.CostPerRow = base, perRow
-	}
-	st.BudgetRuns, st.BudgetHits, st.DueWaits = s.budgetRuns, s.budgetHits, s.dueWaits
-	st.BesideProbes, st.Preemptions = s.besideProbes, s.preemptions
-	st.BesideRow = time.Duration(s.besideRow.v)
-	st.Holds, st.HoldsExpired, st.Held = s.gather.holds, s.gather.expired, s.gather.held
-}
+// Stats are the scheduler's figures, what Health and the metrics report
+// (sched.Stats).
+type Stats = sched.Stats
 
 // published is the last Stats the driver published.
 type published struct {

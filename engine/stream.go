@@ -6,12 +6,14 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/bufpool"
+	"github.com/meshnet/shardd/engine/sched"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/sharderr"
 	"github.com/meshnet/shardd/internal/tensorname"
@@ -53,17 +55,15 @@ type stream struct {
 	replies  chan reply
 	sendDone chan struct{}
 
+	// gone is set once closed is: the scheduler drops the stream's queued
+	// items quietly (sched.Item.Gone).
+	gone atomic.Bool
+
 	mu          sync.Mutex // guards the fields below
 	outstanding int        // work received and not yet answered
 	closed      bool       // no more replies are sent; deliver releases
 	draining    bool       // the initiator closed its side
 	drained     chan struct{}
-}
-
-func (st *stream) isClosed() bool {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.closed
 }
 
 // deliver queues r for sending. work is true when r answers a work item
@@ -92,6 +92,7 @@ func (st *stream) deliver(r reply, work bool) {
 	default:
 		r.release()
 		st.closed = true
+		st.gone.Store(true)
 		st.cancel()
 	}
 }
@@ -111,6 +112,7 @@ func (st *stream) admitWork() error {
 func (st *stream) close() {
 	st.mu.Lock()
 	st.closed = true
+	st.gone.Store(true)
 	st.mu.Unlock()
 	st.cancel()
 	<-st.sendDone
@@ -366,9 +368,9 @@ func (e *Engine) open(st *stream, o *shardv1.SessionOpen) (*shardv1.SessionAccep
 	st.epoch = o.RouteEpoch
 	var admitErr error
 	if err := e.do(st.ctx, func() {
-		if err := e.sched.store.CheckEpoch(st.id, st.epoch); err != nil {
+		if err := e.sched.Store().CheckEpoch(st.id, st.epoch); err != nil {
 			admitErr = err
-		} else if !e.sched.store.CanAdmit(st.id) {
+		} else if !e.sched.Store().CanAdmit(st.id) {
 			admitErr = ErrNoSession
 		}
 	}); err != nil {
@@ -430,13 +432,13 @@ func (e *Engine) handle(st *stream, in *decode.Inbound) {
 		id, epoch := k.Release.RouteSessionId, k.Release.RouteEpoch
 		release()
 		if id == st.id {
-			e.do(st.ctx, func() { e.sched.release(st.id, epoch) })
+			e.do(st.ctx, func() { e.sched.Release(e.drv.clock(), st.id, epoch) })
 		}
 	case *shardv1.SessionRequest_Cancel:
 		id, epoch, workID := k.Cancel.RouteSessionId, k.Cancel.RouteEpoch, strings.Clone(k.Cancel.WorkId)
 		release()
 		if id == st.id {
-			e.do(st.ctx, func() { e.sched.cancel(st.id, epoch, workID) })
+			e.do(st.ctx, func() { e.sched.Cancel(e.drv.clock(), st.id, epoch, workID) })
 		}
 	case *shardv1.SessionRequest_FlowControl:
 		// Credit the initiator grants us for responses. Our responses are
@@ -460,13 +462,13 @@ func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d
 	}
 	if d != nil {
 		w.setWorkID(d.WorkId)
-		w.step = d.IdempotencyStep
+		w.Step = d.IdempotencyStep
 	} else if env != nil {
 		w.setWorkID(env.WorkId)
-		w.step = env.IdempotencyStep
+		w.Step = env.IdempotencyStep
 	}
 	refuse := func(err error) {
-		st.deliver(reply{status: statusFor(st.id, w.workID, w.step, err)}, false)
+		st.deliver(reply{status: statusFor(st.id, w.WorkID, w.Step, err)}, false)
 		w.recycle()
 	}
 	if err := st.admitWork(); err != nil {
@@ -475,7 +477,7 @@ func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d
 	}
 	// From here the item holds a credit: every path answers it as work.
 	fail := func(err error) {
-		st.deliver(reply{status: statusFor(st.id, w.workID, w.step, err)}, true)
+		st.deliver(reply{status: statusFor(st.id, w.WorkID, w.Step, err)}, true)
 		w.recycle()
 	}
 	if uint64(in.Len()) > st.fc.chunkBytes {
@@ -499,8 +501,8 @@ func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d
 	// A valid chunk of a newer epoch (the route changed) moves the stream
 	// to it: decode steps, which inherit the stream's epoch, follow, and
 	// older work on the stream is stale from now on.
-	st.epoch = max(st.epoch, w.epoch)
-	if w.deadline != 0 && time.Now().UnixNano() > w.deadline {
+	st.epoch = max(st.epoch, w.Epoch)
+	if w.Deadline != 0 && time.Now().UnixNano() > w.Deadline {
 		fail(ErrDeadline)
 		return
 	}
@@ -512,7 +514,13 @@ func (e *Engine) onWork(st *stream, in *decode.Inbound, env *shardv1.Envelope, d
 		fail(wireerr.Errorf(ErrQueueFull, "%d items queued", e.cfg.MaxQueue))
 		return
 	}
-	decoding := w.mode == shardv1.CacheMode_CACHE_MODE_DECODE
+	w.OutBytes = e.outBytes(w)
+	if e.info.TokensIn {
+		w.Input = int32Bytes(w.tokenIDs[:w.Tokens])
+	} else {
+		w.Input = w.hiddenB
+	}
+	decoding := w.Mode == sched.Decode
 	e.submitQ <- w // capacity MaxQueue: never blocks; w is the scheduler's now
 	if decoding {
 		if pb, ok := e.be.(backend.Preemptible); ok {

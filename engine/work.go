@@ -2,12 +2,10 @@ package engine
 
 import (
 	"sync"
-	"time"
 	"unsafe"
 
-	"github.com/meshnet/shardd/bufpool"
+	"github.com/meshnet/shardd/engine/sched"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
-	"github.com/meshnet/shardd/kvcache"
 	"github.com/meshnet/shardd/stages"
 	"github.com/meshnet/shardd/stages/decode"
 )
@@ -15,56 +13,33 @@ import (
 // maxTopK bounds the compact output's K (see parseTopK).
 const maxTopK = 1024
 
-// work is one unit of work: a prefill chunk or a decode step, from receipt to
-// its reply. Fields above the line are set by the receive goroutine; the
-// rest belong to the scheduler.
+// work is one unit of work: a prefill chunk or a decode step, from receipt
+// to its reply. Its sched.Item is what the scheduler sees (its fields
+// above the line set by the receive goroutine, the rest the scheduler's);
+// the fields here are the wire's, which the scheduler never reads.
 //
 // Items come from workPool and go back to it once answered (recycle), so a
 // decode step allocates none. Their work id lives in the item's own bytes
-// (idBuf), reused with it: w.workID is valid only while the item is, and
+// (idBuf), reused with it: w.WorkID is valid only while the item is, and
 // whatever keeps a work id longer copies it (statusFor, newResult, the
 // bare duplicate Ack).
 type work struct {
-	st       *stream
-	in       *decode.Inbound // the received message; released once rows are in a batch
-	workID   string          // views idBuf
-	idBuf    []byte
-	free     bool // in workPool
-	step     uint64
-	epoch    uint64
-	phase    shardv1.Phase
-	mode     shardv1.CacheMode
-	expected uint64 // expected_past_len (DECODE)
-	first    int    // first position
-	tokens   int
-	final    bool // last chunk of a prefill (or a single-chunk prefill)
-	chunk    chunkInfo
-	deadline int64
-	tm       timings // when the engine observes
-	bytesIn  int
+	sched.Item
+	st      *stream
+	in      *decode.Inbound // the received message; released once answered
+	idBuf   []byte
+	free    bool // in workPool
+	phase   shardv1.Phase
+	chunk   chunkInfo
+	tm      timings // when the engine observes
+	bytesIn int
 
 	tokenIDs []int32       // first shard: input ids, decoded into the item's own array
 	hidden   stages.Tensor // other shards: validated hidden states
 	hiddenB  []byte        // hidden's contiguous bytes
 	hiddenF  bool          // hidden is f32 rather than bf16
-	outPos   []int32       // output_positions (absolute), owned copy; nil: last row only
 	topK     int           // logits_top_k: the compact output's K (0: whole rows)
-	length   int           // session_tokens: the session's stated length (0: not stated)
-
-	// --- scheduler ---
-	admitted bool
-	sess     *kvcache.Session
-	pin      *kvcache.Session // the session this item pins (queued or running)
-	seq      int
-	done     int // rows run so far
-	out      *bufpool.Buffer
-	outRows  int
-	topIDs   []int32 // compact output: the rows' token ids, appended to out on completion
-	hit      bool
-	// prefixRows: rows answered from the prefix cache (prefix.go).
-	prefixRows int
-	queued     time.Time // by the scheduler's clock
-	started    time.Time
+	topIDs   []int32       // compact output: the rows' token ids, appended to the output on completion
 }
 
 var workPool = sync.Pool{New: func() any { return new(work) }}
@@ -73,14 +48,15 @@ var workPool = sync.Pool{New: func() any { return new(work) }}
 func newWork(st *stream, in *decode.Inbound) *work {
 	w := workPool.Get().(*work)
 	w.free = false
-	w.st, w.in, w.epoch, w.bytesIn = st, in, st.epoch, in.Len()
+	w.st, w.in, w.bytesIn = st, in, in.Len()
+	w.Owner, w.Gone, w.Session, w.Epoch = w, &st.gone, st.id, st.epoch
 	return w
 }
 
 // setWorkID copies id into the item's own bytes.
 func (w *work) setWorkID(id string) {
 	w.idBuf = append(w.idBuf[:0], id...)
-	w.workID = unsafe.String(unsafe.SliceData(w.idBuf), len(w.idBuf))
+	w.WorkID = unsafe.String(unsafe.SliceData(w.idBuf), len(w.idBuf))
 }
 
 // recycle returns an answered item to the pool, keeping its arrays (the
@@ -93,8 +69,8 @@ func (w *work) recycle() {
 		panic("engine: work item recycled twice")
 	}
 	w.releaseInput()
-	if w.out != nil {
-		w.out.Release()
+	if w.Out != nil {
+		w.Out.Release()
 	}
 	*w = work{idBuf: w.idBuf[:0], hidden: w.hidden, tokenIDs: w.tokenIDs[:0], topIDs: w.topIDs[:0], free: true}
 	workPool.Put(w)
@@ -123,38 +99,23 @@ func (l limits) proto() *shardv1.FlowControl {
 	}
 }
 
-// rowWantsOutput reports whether row r (0-based within the chunk) produces
-// logits on a last shard.
-func (w *work) rowWantsOutput(r int) bool {
-	if w.outPos == nil {
-		return r == w.tokens-1
-	}
-	p := int32(w.first + r)
-	for _, q := range w.outPos {
-		if q == p {
-			return true
-		}
-	}
-	return false
-}
-
-// outputRows is how many rows produce logits.
-func (w *work) outputRows() int {
-	if w.outPos == nil {
-		return 1
-	}
-	return len(w.outPos)
-}
-
 // releaseInput drops the received message and the tensor view into it.
 func (w *work) releaseInput() {
 	w.hidden.Reset()
-	w.hiddenB, w.tokenIDs = nil, w.tokenIDs[:0]
+	w.hiddenB, w.tokenIDs, w.Input = nil, w.tokenIDs[:0], nil
 	if w.in != nil {
 		w.in.Release()
 		inboundPool.Put(w.in)
 		w.in = nil
 	}
+}
+
+// int32Bytes views token ids as their little-endian bytes.
+func int32Bytes(ids []int32) []byte {
+	if len(ids) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&ids[0])), 4*len(ids))
 }
 
 func init() { checkLittleEndian() }

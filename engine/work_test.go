@@ -47,7 +47,7 @@ func TestWorkRecycle(t *testing.T) {
 	w.setWorkID("step/7")
 	w.tokenIDs = append(w.tokenIDs, 1, 2, 3)
 	w.recycle()
-	if w.st != nil || w.in != nil || w.workID != "" || len(w.tokenIDs) != 0 || cap(w.idBuf) < len("step/7") {
+	if w.st != nil || w.in != nil || w.WorkID != "" || len(w.tokenIDs) != 0 || cap(w.idBuf) < len("step/7") {
 		t.Fatalf("recycled item kept %+v", w)
 	}
 	defer func() {

@@ -1,19 +1,23 @@
-package engine
+package sched
 
 import (
 	"math"
-
-	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"time"
 )
 
-// cancel answers queued work of session id at epoch or older (one work id,
+// Cancel answers, at now, queued work of session id at epoch or older (one work id,
 // or all) with CANCELLED. An item already partly run is rewound. Work of a
 // newer epoch than the signal's is not the signal's to end. Older work
 // must end here: a Release at a newer epoch drops the session's state and
 // hands its sequence to the next session, and a chunk of the old epoch
 // part-way through its iterations would run its remaining rows into it.
 // It returns how many items were cancelled.
-func (s *scheduler) cancel(id string, epoch uint64, workID string) int {
+func (s *Scheduler) Cancel(now time.Time, id string, epoch uint64, workID string) int {
+	s.at = now
+	return s.cancel(id, epoch, workID)
+}
+
+func (s *Scheduler) cancel(id string, epoch uint64, workID string) int {
 	q := s.queues[id]
 	if q == nil {
 		return 0
@@ -21,17 +25,17 @@ func (s *scheduler) cancel(id string, epoch uint64, workID string) int {
 	n := 0
 	kept := q.items[:0]
 	for _, w := range q.items {
-		if (workID != "" && w.workID != workID) || w.epoch > epoch {
+		if (workID != "" && w.WorkID != workID) || w.Epoch > epoch {
 			kept = append(kept, w)
 			continue
 		}
 		if w.admitted {
-			if w.mode == shardv1.CacheMode_CACHE_MODE_STATELESS {
+			if w.Mode == Stateless {
 				s.fx.trim(s.scratch, 0)
 				s.owner = nil
 			} else {
-				s.fx.trim(w.seq, w.first)
-				s.store.Truncate(w.sess, w.first)
+				s.fx.trim(w.Seq, w.First)
+				s.store.Truncate(w.Sess, w.First)
 			}
 		}
 		s.refuse(w, ErrCancelled)
@@ -48,7 +52,7 @@ func (s *scheduler) cancel(id string, epoch uint64, workID string) int {
 }
 
 // dropQueue forgets an empty session queue.
-func (s *scheduler) dropQueue(q *sessQueue) {
+func (s *Scheduler) dropQueue(q *sessQueue) {
 	for i, r := range s.ring {
 		if r == q {
 			s.ring = append(s.ring[:i], s.ring[i+1:]...)
@@ -60,16 +64,23 @@ func (s *scheduler) dropQueue(q *sessQueue) {
 	s.spare = append(s.spare, q)
 }
 
-// release cancels id's queued work and drops its state.
-func (s *scheduler) release(id string, epoch uint64) (bool, error) {
+// Release cancels, at now, session id's queued work and drops its state.
+func (s *Scheduler) Release(now time.Time, id string, epoch uint64) (bool, error) {
+	s.at = now
 	s.cancel(id, epoch, "")
 	s.gather.forget(id)
 	return s.store.Release(id, epoch)
 }
 
-// shutdown answers everything still queued with CANCELLED and frees the
+// Sweep drops, at now, the sessions whose TTL has passed.
+func (s *Scheduler) Sweep(now time.Time) {
+	s.at = now
+	s.store.Sweep()
+}
+
+// Shutdown answers everything still queued with CANCELLED and frees the
 // cached results.
-func (s *scheduler) shutdown() {
+func (s *Scheduler) Shutdown() {
 	for len(s.ring) > 0 {
 		q := s.ring[0]
 		s.cancel(q.id, math.MaxUint64, "") // every epoch's

@@ -1,39 +1,70 @@
-package engine
+// Package sched is the scheduler's pure core: the state that decides what
+// the backend runs, as etcd's raft is built. It holds the session queues,
+// admission against the session store (kvcache), the results cache that
+// answers duplicates, the prefix cache's index, the cost model, the decode
+// budget and the gathering rule; it knows sessions by their id and items
+// by a handle (Item.Owner), and time only as the now each call is given.
+// It changes only in Enqueue, Plan(now), Advance(now, outcome) and the
+// control calls (Cancel, Release, Sweep, Shutdown); each records what it
+// asks of the world (replies, trims, prefix saves and loads, retired items)
+// in Effects instead of doing it, and Stats reports its figures. The
+// engine's driver, one goroutine, runs the planned forward on the backend
+// and carries out the effects. The package imports neither gRPC nor the
+// backend (TestImports), so its scenarios are short scripts with no
+// goroutine, no sleep and no llama.cpp (testdata/).
+package sched
 
 import (
 	"time"
 
-	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/bufpool"
-	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/lru"
 	"github.com/meshnet/shardd/kvcache"
 )
 
-// scheduler is the state that decides what the backend runs: the session
-// queues, admission against the session store, the results cache, the cost
-// model, the decode budget and the gathering rule. It holds no backend, no
-// engine and no clock of its own: plan and advance change it and record
-// what they ask of the world in fx, which its driver (driver.go) carries
-// out. All of its fields belong to the driver's goroutine.
-type scheduler struct {
-	cfg  Config
-	info backend.Info
-	pool *bufpool.Pool
-	// topIdx and topHeap are appendTop's scratch (compact output).
-	topIdx, topHeap []int32
-	// timing: completed results carry their completion time (tracing on).
-	timing bool
+// Config is what the scheduler is told of the worker's settings; the
+// engine's Config documents each (its flags).
+type Config struct {
+	Exact                                   bool
+	MaxSessions                             int
+	SessionTTL, EvictGrace                  time.Duration
+	ResultsCacheBytes                       int64
+	MaxInflightChunks                       uint32
+	IterationTokens, PrefillIterationTokens int
+	DecodeBudget, DecodeQuiet, GatherWindow time.Duration
+	DecodeGroups                            int
+}
+
+// Info is what the scheduler is told of the backend.
+type Info struct {
+	MaxSeqs   int  // backend sequences; the last is the scratch sequence
+	CtxTokens int  // the KV cache's cells
+	MaxBatch  int  // rows a forward may hold
+	LogitsOut bool // the shard produces logits (the last shard)
+}
+
+// Scheduler is the state that decides what the backend runs. It holds no
+// backend, no engine and no clock: Plan and Advance change it and record
+// what they ask of the world in its Effects, which its driver carries out.
+// All of it belongs to one goroutine, the driver's.
+type Scheduler struct {
+	cfg   Config
+	info  Info
+	pool  *bufpool.Pool
+	hooks Hooks
+	// at is the time the current call was given (the session store's
+	// clock too).
+	at time.Time
 
 	store   *kvcache.Store
-	results *lru.Cache[resultKey, *result]
+	results *lru.Cache[resultKey, Output]
 	// prefix is the prefix cache; nil when off or when the backend cannot
 	// copy KV state.
 	prefix *prefixCache
 	// loadFailed: a prefix load of the planned forward did not fit; the
 	// forward must not run (its rows assumed the load).
 	loadFailed bool
-	queues     map[string]*sessQueue // route session id -> its work, in order
+	queues     map[string]*sessQueue // route session id -> its items, in order
 	ring       []*sessQueue          // sessions with work, for round robin
 	// spare are emptied queues kept for the next session with work, and
 	// decodes and prefills plan's lists, kept between plans: a decode step
@@ -45,9 +76,9 @@ type scheduler struct {
 	// together: the exact mode's prompt chunks of one forward.
 	together []*sessQueue
 
-	planned []planned
-	scratch int   // the sequence kept for STATELESS work
-	owner   *work // the STATELESS item holding scratch
+	planned []Planned
+	scratch int   // the sequence kept for Stateless work
+	owner   *Item // the Stateless item holding scratch
 	// lastDecode is when a decode step last ran. Until DecodeQuiet after
 	// it, prefill-only iterations stay small too, so a decode step that
 	// arrives between steps never waits behind a long prefill iteration.
@@ -100,27 +131,30 @@ type scheduler struct {
 	gather gatherer
 	wake   time.Time
 
-	// clock is the scheduler's time (time.Now; a script's clock in tests).
-	clock func() time.Time
 	// fx are the effects of the last state change, which the driver
-	// carries out (apply): what the scheduler decides never waits on I/O.
-	fx effects
+	// carries out: what the scheduler decides never waits on I/O.
+	fx Effects
 	// fwd is the forward the last plan asked for.
-	fwd forwardPlan
+	fwd Forward
 }
 
 type sessQueue struct {
 	id    string
-	items []*work
+	items []*Item
 }
 
-// init makes the state for a backend described by info under cfg (with
-// its defaults applied); output buffers come from pool.
-func (s *scheduler) init(cfg Config, info backend.Info, pool *bufpool.Pool, timing bool) {
-	s.cfg, s.info, s.pool, s.timing = cfg, info, pool, timing
-	if s.clock == nil {
-		s.clock = time.Now
-	}
+// resultKey identifies a step's output for duplicate answers.
+type resultKey struct {
+	session string
+	epoch   uint64
+	step    uint64
+}
+
+// New makes the state for a backend described by info under cfg (with
+// the engine's defaults applied), at now; outputs answered from the
+// prefix cache take their buffers from pool.
+func New(cfg Config, info Info, pool *bufpool.Pool, hooks Hooks, now time.Time) *Scheduler {
+	s := &Scheduler{cfg: cfg, info: info, pool: pool, hooks: hooks, at: now}
 	s.scratch = info.MaxSeqs - 1
 	sessionTokens := 0
 	if cfg.Exact && info.MaxSeqs > 0 {
@@ -133,42 +167,67 @@ func (s *scheduler) init(cfg Config, info backend.Info, pool *bufpool.Pool, timi
 		TTL:           cfg.SessionTTL,
 		EvictGrace:    max(cfg.EvictGrace, 0),
 		OnDrop:        s.dropResults,
-	}, func(seq int) { s.fx.trim(seq, 0) }, s.now)
-	s.results = newResultsCache(cfg.ResultsCacheBytes)
+	}, func(seq int) { s.fx.trim(seq, 0) }, func() time.Time { return s.at })
+	s.results = lru.New[resultKey, Output](cfg.ResultsCacheBytes, func(_ resultKey, r Output) { r.Release() })
 	s.queues = map[string]*sessQueue{}
+	return s
 }
 
-// now is the scheduler's clock.
-func (s *scheduler) now() time.Time { return s.clock() }
+// Store is the session store, for the driver's own reads (Health, the
+// invariants check) on the scheduler's goroutine.
+func (s *Scheduler) Store() *kvcache.Store { return s.store }
 
-func (s *scheduler) enqueue(w *work) {
-	q := s.queues[w.st.id]
+// Effects are what the calls since the last Reset decided.
+func (s *Scheduler) Effects() *Effects { return &s.fx }
+
+// Pending is how many items are queued (running ones included).
+func (s *Scheduler) Pending() int { return s.pending }
+
+// Wake is when a hold the last Plan decided ends (zero: none).
+func (s *Scheduler) Wake() time.Time { return s.wake }
+
+// ClearWake forgets the hold: the driver plans again.
+func (s *Scheduler) ClearWake() { s.wake = time.Time{} }
+
+// Each calls f for every queued item, running ones included.
+func (s *Scheduler) Each(f func(*Item)) {
+	for _, q := range s.queues {
+		for _, it := range q.items {
+			f(it)
+		}
+	}
+}
+
+// Enqueue queues an item at now behind its session's earlier ones.
+func (s *Scheduler) Enqueue(it *Item, now time.Time) {
+	s.at = now
+	q := s.queues[it.Session]
 	if q == nil {
 		if n := len(s.spare); n > 0 {
 			q, s.spare = s.spare[n-1], s.spare[:n-1]
 		} else {
 			q = new(sessQueue)
 		}
-		q.id = w.st.id
-		s.queues[w.st.id] = q
+		q.id = it.Session
+		s.queues[it.Session] = q
 	}
 	if len(q.items) == 0 {
 		s.ring = append(s.ring, q)
 	}
-	q.items = append(q.items, w)
+	q.items = append(q.items, it)
 	s.pending++
-	w.queued = s.now()
-	if w.mode == shardv1.CacheMode_CACHE_MODE_DECODE {
-		s.gather.arrived(w.st.id, w.queued)
+	it.Queued = now
+	if it.Mode == Decode {
+		s.gather.arrived(it.Session, now)
 	}
-	if sess, ok := s.store.Peek(w.st.id); ok {
-		s.pin(w, sess) // queued work keeps its session from eviction
+	if sess, ok := s.store.Peek(it.Session); ok {
+		s.pin(it, sess) // queued work keeps its session from eviction
 	}
 }
 
 // pin makes w hold a pin on sess (moving it from another session object,
 // one that was released and begun again since w was queued).
-func (s *scheduler) pin(w *work, sess *kvcache.Session) {
+func (s *Scheduler) pin(w *Item, sess *kvcache.Session) {
 	if w.pin == sess {
 		return
 	}
@@ -177,7 +236,7 @@ func (s *scheduler) pin(w *work, sess *kvcache.Session) {
 	w.pin = sess
 }
 
-func (s *scheduler) unpin(w *work) {
+func (s *Scheduler) unpin(w *Item) {
 	if w.pin != nil {
 		w.pin.Pins--
 		w.pin = nil
@@ -186,14 +245,14 @@ func (s *scheduler) unpin(w *work) {
 
 // retire is where every submitted item ends, answered: its pin and its
 // place in the queue count go.
-func (s *scheduler) retire(w *work) {
+func (s *Scheduler) retire(w *Item) {
 	s.unpin(w)
-	s.fx.retired = append(s.fx.retired, w)
+	s.fx.Retired = append(s.fx.Retired, w)
 }
 
 // pop removes q's head (finished or refused). The rest move up, so the
 // queue keeps its array (it holds a few items: the stream's credits).
-func (s *scheduler) pop(q *sessQueue) {
+func (s *Scheduler) pop(q *sessQueue) {
 	n := copy(q.items, q.items[1:])
 	q.items[n] = nil
 	q.items = q.items[:n]

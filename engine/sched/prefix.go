@@ -1,13 +1,9 @@
-package engine
+package sched
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"hash"
-	"unsafe"
 
-	"github.com/meshnet/shardd/backend"
-	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/lru"
 	"github.com/meshnet/shardd/kvcache"
 )
@@ -48,7 +44,7 @@ type prefixCache struct {
 	maxRows  int // positions whose outputs a session keeps while it prefills
 	entries  *lru.Cache[[32]byte, *prefixEntry]
 	index    map[[32]byte]*prefixEntry
-	chains   map[string]*prefixChain
+	chains   map[string]*Chain
 
 	hits, tokens int64 // lookups that found rows, rows they answered
 	// misfits counts loads that found no room in the KV cache (the rows
@@ -70,10 +66,10 @@ type prefixEntry struct {
 
 func (e *prefixEntry) blocks() int { return len(e.keys) }
 
-// prefixChain is a session's prompt as the cache sees it: the key of each
+// Chain is a session's prompt as the prefix cache sees it: the key of each
 // whole block fed so far, the running hash of the block being fed, and
 // (hidden-state shards) the outputs of the rows so far.
-type prefixChain struct {
+type Chain struct {
 	keys  [][32]byte
 	h     hash.Hash
 	fed   int  // positions fed
@@ -81,36 +77,18 @@ type prefixChain struct {
 	out   []byte
 }
 
-// prefixSeed is the chain's start for a worker serving id with the given
-// boundary dtype: entries of another identity never match.
-func prefixSeed(id Identity, boundary string) [32]byte {
-	h := sha256.New()
-	fp, r := id.Fingerprint, id.Range
-	for _, s := range []string{"shardd prefix/1", fp.GetModelArtifactDigest(), fp.GetRuntimeRecipeDigest(), boundary} {
-		h.Write([]byte(s))
-		h.Write([]byte{0})
-	}
-	var b [8]byte
-	binary.LittleEndian.PutUint32(b[:4], r.GetStartLayer())
-	binary.LittleEndian.PutUint32(b[4:], r.GetEndLayer())
-	h.Write(b[:])
-	var seed [32]byte
-	h.Sum(seed[:0])
-	return seed
-}
-
 func newPrefixCache(maxBytes int64, block, rowBytes, maxRows int, seed [32]byte) *prefixCache {
 	c := &prefixCache{block: block, seed: seed, rowBytes: rowBytes, maxRows: maxRows,
-		index: map[[32]byte]*prefixEntry{}, chains: map[string]*prefixChain{}}
+		index: map[[32]byte]*prefixEntry{}, chains: map[string]*Chain{}}
 	c.entries = lru.New(maxBytes, func(_ [32]byte, e *prefixEntry) { c.unindex(e) })
 	return c
 }
 
 // chain returns session id's chain; first == 0 starts it afresh.
-func (c *prefixCache) chain(id string, first int) *prefixChain {
+func (c *prefixCache) chain(id string, first int) *Chain {
 	ch := c.chains[id]
 	if ch == nil {
-		ch = &prefixChain{h: sha256.New()}
+		ch = &Chain{h: sha256.New()}
 		c.chains[id] = ch
 	}
 	if first == 0 {
@@ -125,7 +103,7 @@ func (c *prefixCache) chain(id string, first int) *prefixChain {
 }
 
 // feed adds rows (row bytes each, in position order) to the chain.
-func (c *prefixCache) feed(ch *prefixChain, rows []byte, row int) {
+func (c *prefixCache) feed(ch *Chain, rows []byte, row int) {
 	if !ch.valid || row == 0 {
 		return
 	}
@@ -144,7 +122,7 @@ func (c *prefixCache) feed(ch *prefixChain, rows []byte, row int) {
 
 // match is the deepest entry holding the chain's blocks up to some block
 // end in (from, to], and that end; nil when there is none.
-func (c *prefixCache) match(ch *prefixChain, from, to int) (*prefixEntry, int) {
+func (c *prefixCache) match(ch *Chain, from, to int) (*prefixEntry, int) {
 	if !ch.valid {
 		return nil, 0
 	}
@@ -159,7 +137,7 @@ func (c *prefixCache) match(ch *prefixChain, from, to int) (*prefixEntry, int) {
 
 // keep records a completed chunk's outputs (rows [first, first+n)) in the
 // chain, up to maxRows positions.
-func (c *prefixCache) keep(ch *prefixChain, first int, out []byte) {
+func (c *prefixCache) keep(ch *Chain, first int, out []byte) {
 	if c.rowBytes == 0 || !ch.valid || len(ch.out) != first*c.rowBytes {
 		return
 	}
@@ -171,7 +149,7 @@ func (c *prefixCache) keep(ch *prefixChain, first int, out []byte) {
 
 // wants reports whether a finished prompt's chain should become an entry:
 // it has whole blocks (with their outputs) that no entry holds yet.
-func (c *prefixCache) wants(ch *prefixChain) int {
+func (c *prefixCache) wants(ch *Chain) int {
 	if ch == nil || !ch.valid {
 		return 0
 	}
@@ -189,7 +167,7 @@ func (c *prefixCache) wants(ch *prefixChain) int {
 }
 
 // insert makes an entry of the chain's first blocks with state.
-func (c *prefixCache) insert(ch *prefixChain, blocks int, state []byte) {
+func (c *prefixCache) insert(ch *Chain, blocks int, state []byte) {
 	if _, ok := c.entries.Peek(ch.keys[blocks-1]); ok {
 		return // two sessions finished the same prompt in one forward
 	}
@@ -234,18 +212,60 @@ func (c *prefixCache) unindex(e *prefixEntry) {
 // forget drops a session's chain.
 func (c *prefixCache) forget(id string) { delete(c.chains, id) }
 
-// int32Bytes views token ids as their little-endian bytes.
-func int32Bytes(ids []int32) []byte {
-	if len(ids) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&ids[0])), 4*len(ids))
+// PrefixConfig turns the prefix cache on (Scheduler.EnablePrefix).
+type PrefixConfig struct {
+	Bytes int64 // the entries' bound
+	Block int   // positions a block
+	// RowBytes is a position's output bytes on a shard that produces
+	// hidden states (0 on one that produces logits: none are kept).
+	RowBytes int
+	// Seed is the chains' start: the worker's identity, so entries of
+	// another identity never match.
+	Seed [32]byte
 }
 
-// prefixMaxRows bounds the positions whose outputs a prefilling session
-// keeps for a later entry: the longest prompt a session could hold, up
-// to 8,192.
-func prefixMaxRows(info backend.Info) int { return min(info.CtxTokens, 8192) }
+// EnablePrefix turns the prefix cache on; the driver does so only over a
+// backend that can copy a sequence's KV state. A prefilling session keeps
+// the outputs of up to its longest possible prompt's positions, at most
+// 8,192.
+func (s *Scheduler) EnablePrefix(pc PrefixConfig) {
+	s.prefix = newPrefixCache(pc.Bytes, pc.Block, pc.RowBytes, min(s.info.CtxTokens, 8192), pc.Seed)
+}
+
+// PrefixBlock is the prefix cache's block in positions (0: the cache is
+// off).
+func (s *Scheduler) PrefixBlock() int {
+	if s.prefix == nil {
+		return 0
+	}
+	return s.prefix.block
+}
+
+// FlushPrefix drops every prefix cache entry (an operator's reset; the
+// sessions' chains stay).
+func (s *Scheduler) FlushPrefix() {
+	if c := s.prefix; c != nil {
+		for c.entries.EvictOldest() {
+		}
+	}
+}
+
+// SavePrefix makes the entry a Save asked for from state, a sequence's KV
+// state holding its first blocks blocks (fewer than asked when the
+// sequence's cells were not all in position order; 0: none, and state is
+// nil). state becomes the entry's: the caller gives a copy of its own.
+func (s *Scheduler) SavePrefix(sv Save, blocks int, state []byte) {
+	c := s.prefix
+	if c == nil {
+		return
+	}
+	if blocks < sv.Blocks {
+		c.unordered++
+	}
+	if blocks > 0 {
+		c.insert(sv.Chain, blocks, state)
+	}
+}
 
 // prefixHit feeds an admitted prefill chunk to its session's chain and,
 // when the cache holds the chain past the chunk's start, answers the
@@ -253,65 +273,62 @@ func prefixMaxRows(info backend.Info) int { return min(info.CtxTokens, 8192) }
 // by a load the driver runs before the forward (or undoes). Rows from the
 // first that must produce logits on run (a chunk's last, on the last
 // shard: one row of 128); a chunk answered whole completes here.
-func (s *scheduler) prefixHit(w *work) admitResult {
+func (s *Scheduler) prefixHit(w *Item) admitResult {
 	c := s.prefix
-	if c == nil || w.done != 0 {
+	if c == nil || w.Done != 0 {
 		return admitRun
 	}
 	ch := s.prefixFeed(w)
 	// Blocks are matched up to the chunk's end; rows are answered up to
 	// the first that must produce logits (the entry's cells go further,
 	// and the load trims them there).
-	to := w.first + w.tokens
+	to := w.First + w.Tokens
 	if s.info.LogitsOut {
-		for r := range w.tokens {
-			if w.rowWantsOutput(r) {
-				to = min(to, w.first+r)
+		for r := range w.Tokens {
+			if w.RowWantsOutput(r) {
+				to = min(to, w.First+r)
 				break
 			}
 		}
 	}
-	e, end := c.match(ch, w.first, w.first+w.tokens)
-	if end = min(end, to); e == nil || end <= w.first {
+	e, end := c.match(ch, w.First, w.First+w.Tokens)
+	if end = min(end, to); e == nil || end <= w.First {
 		return admitRun
 	}
-	n := end - w.first
+	n := end - w.First
 	if c.rowBytes > 0 {
-		w.out = s.pool.Alloc(s.outBytes(w))
-		w.out.SetLen(0)
-		buf := append(w.out.Bytes(), e.out[w.first*c.rowBytes:end*c.rowBytes]...)
-		w.out.SetLen(len(buf))
-		w.outRows = n
+		w.Out = s.pool.Alloc(w.OutBytes)
+		w.Out.SetLen(0)
+		buf := append(w.Out.Bytes(), e.out[w.First*c.rowBytes:end*c.rowBytes]...)
+		w.Out.SetLen(len(buf))
+		w.OutRows = n
 	}
-	w.done, w.prefixRows = n, n
+	w.Done, w.PrefixRows = n, n
 	c.hits++
 	c.tokens += int64(n)
-	id, sess, first := w.st.id, w.sess, w.first
-	if w.done == w.tokens {
+	id, sess, first := w.Session, w.Sess, w.First
+	if w.Done == w.Tokens {
 		// Answered whole: complete now (the reply goes out after the
 		// load). Should the load not fit, the session is put back where
 		// this chunk began, and its next chunk is a declared CACHE_MISS.
-		s.fx.loads = append(s.fx.loads, loadOp{seq: w.seq, first: first, to: end, state: e.state, undo: func() {
+		s.fx.Loads = append(s.fx.Loads, Load{Seq: w.Seq, First: first, To: end, State: e.state, Undo: func() {
 			c.misfits++
 			c.drop(id)
 			s.store.Truncate(sess, first)
 		}})
-		w.started, w.tm.started = s.now(), s.now()
+		w.Started = s.at
 		s.complete(w)
 		return admitDone
 	}
 	// The rest runs in this plan's forward, after the load (the driver
 	// runs no forward when a load does not fit, and the rows run whole in
 	// the next).
-	s.fx.loads = append(s.fx.loads, loadOp{seq: w.seq, first: first, to: end, state: e.state, undo: func() {
+	s.fx.Loads = append(s.fx.Loads, Load{Seq: w.Seq, First: first, To: end, State: e.state, Undo: func() {
 		c.misfits++
 		c.hits--
 		c.tokens -= int64(n)
-		w.done, w.prefixRows, w.outRows = 0, 0, 0
-		if w.out != nil {
-			w.out.Release()
-			w.out = nil
-		}
+		w.Done, w.PrefixRows, w.OutRows = 0, 0, 0
+		w.releaseOut()
 		c.drop(id)
 		s.loadFailed = true
 	}})
@@ -320,17 +337,13 @@ func (s *scheduler) prefixHit(w *work) admitResult {
 
 // prefixFeed adds an admitted item's inputs to its session's chain (a
 // prefill chunk from position 0 starts it afresh) and returns the chain.
-func (s *scheduler) prefixFeed(w *work) *prefixChain {
+func (s *Scheduler) prefixFeed(w *Item) *Chain {
 	c := s.prefix
 	if c == nil {
 		return nil
 	}
-	ch := c.chain(w.st.id, w.first)
-	if s.info.TokensIn {
-		c.feed(ch, int32Bytes(w.tokenIDs[:w.tokens]), 4)
-	} else {
-		c.feed(ch, w.hiddenB, len(w.hiddenB)/w.tokens)
-	}
+	ch := c.chain(w.Session, w.First)
+	c.feed(ch, w.Input, len(w.Input)/w.Tokens)
 	return ch
 }
 
@@ -338,14 +351,14 @@ func (s *scheduler) prefixFeed(w *work) *prefixChain {
 // evicted, expired) from its whole blocks, prompt and generated tokens:
 // the next turn of a conversation resends them all. The save runs before
 // the sequence's cells are trimmed.
-func (s *scheduler) prefixKeep(sess *kvcache.Session) {
+func (s *Scheduler) prefixKeep(sess *kvcache.Session) {
 	c := s.prefix
 	if c == nil {
 		return
 	}
 	if ch := c.chains[sess.ID]; ch != nil {
 		if blocks := c.wants(ch); blocks > 0 {
-			s.fx.saves = append(s.fx.saves, saveOp{seq: sess.Seq, chain: ch, blocks: blocks})
+			s.fx.Saves = append(s.fx.Saves, Save{Seq: sess.Seq, Chain: ch, Blocks: blocks})
 		}
 	}
 	c.forget(sess.ID)
@@ -354,25 +367,25 @@ func (s *scheduler) prefixKeep(sess *kvcache.Session) {
 // prefixDone takes a completed prefill chunk's or decode step's outputs
 // into its chain and, at the prompt's end, asks for an entry of its whole
 // blocks.
-func (s *scheduler) prefixDone(w *work, out []byte) {
+func (s *Scheduler) prefixDone(w *Item, out []byte) {
 	c := s.prefix
 	if c == nil {
 		return
 	}
-	ch := c.chains[w.st.id]
+	ch := c.chains[w.Session]
 	if ch == nil {
 		return
 	}
-	c.keep(ch, w.first, out)
-	if w.final && w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL {
+	c.keep(ch, w.First, out)
+	if w.Final && w.Mode == Prefill {
 		if blocks := c.wants(ch); blocks > 0 {
-			s.fx.saves = append(s.fx.saves, saveOp{seq: w.seq, chain: ch, blocks: blocks})
+			s.fx.Saves = append(s.fx.Saves, Save{Seq: w.Seq, Chain: ch, Blocks: blocks})
 		}
 	}
 }
 
 // prefixDrop stops a session's chain: its cells were rewound.
-func (s *scheduler) prefixDrop(id string) {
+func (s *Scheduler) prefixDrop(id string) {
 	if s.prefix != nil {
 		s.prefix.drop(id)
 	}

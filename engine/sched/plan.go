@@ -1,30 +1,28 @@
-package engine
+package sched
 
 import (
 	"cmp"
 	"slices"
 	"time"
-
-	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 )
 
-// forwardPlan is a planned forward: items are its rows, by work item.
-type forwardPlan struct {
-	items   []planned // s.planned, valid until the next plan
-	rows    int
-	decodes int           // sessions whose decode step the iteration took in
-	limit   time.Duration // the iteration's time budget (0: none)
-	// preemptible: a prefill-only iteration a decode step may stop.
-	preemptible bool
-	// probe: its prefill rows beside the decode rows are there to price
+// Forward is a planned forward: Items are its rows, by item.
+type Forward struct {
+	Items   []Planned // valid until the next plan
+	Rows    int
+	Decodes int           // sessions whose decode step the iteration took in
+	Limit   time.Duration // the iteration's time budget (0: none)
+	// Preemptible: a prefill-only iteration a decode step may stop.
+	Preemptible bool
+	// Probe: its prefill rows beside the decode rows are there to price
 	// them again (besideBudget); the price measured replaces the old one.
-	probe bool
+	Probe bool
 }
 
-// planned is one item's share of an iteration: rows [from, from+n).
-type planned struct {
-	w       *work
-	from, n int
+// Planned is one item's share of an iteration: rows [From, From+N).
+type Planned struct {
+	Item    *Item
+	From, N int
 }
 
 // decodeAnchorEvery: one decode iteration in this many runs without
@@ -34,7 +32,7 @@ const decodeAnchorEvery = 32
 // decodeBudget is the time an iteration with rows decode rows may take (0
 // while it cannot be known yet, or with no time budget): the set budget,
 // or 1.5x the decode rows' own time (decodeTime).
-func (s *scheduler) decodeBudget(rows int) time.Duration {
+func (s *Scheduler) decodeBudget(rows int) time.Duration {
 	if b := s.cfg.DecodeBudget; b != 0 {
 		return max(b, 0)
 	}
@@ -49,7 +47,7 @@ func (s *scheduler) decodeBudget(rows int) time.Duration {
 // the measured time of decode iterations without prefill, moved along the
 // cost model's slope when the row count differs; the cost model's line
 // while nothing is measured.
-func (s *scheduler) decodeTime(rows int) (time.Duration, bool) {
+func (s *Scheduler) decodeTime(rows int) (time.Duration, bool) {
 	if !s.decodeOnly.t.ok {
 		return s.cost.predict(rows)
 	}
@@ -67,7 +65,7 @@ func (s *scheduler) decodeTime(rows int) (time.Duration, bool) {
 // at all once the line's intercept exceeded what a small decode batch
 // takes, and a worker whose few decoding sessions kept a step queued
 // starved every waiting prompt.
-func (s *scheduler) prefillBeside(rows int, limit time.Duration) int {
+func (s *Scheduler) prefillBeside(rows int, limit time.Duration) int {
 	t, ok := s.decodeTime(rows)
 	if !ok {
 		return 0
@@ -83,12 +81,12 @@ const besideProbeEvery = 8
 // besideBudget is prefillBeside, except that while prompts wait (waiting)
 // and it is 0, every besideProbeEvery-th such iteration takes
 // --iteration-tokens rows (at least one), whose measured price replaces
-// the old one (forwardPlan.probe). The price is measured only on
+// the old one (Forward.probe). The price is measured only on
 // iterations with prefill rows beside decode rows: without the probe, a
 // price once too high (one stalled forward can do it) let no prefill row
 // in again, nothing measured it again, and a busy worker's prompts waited
 // for decoding sessions to end, whole generations.
-func (s *scheduler) besideBudget(rows int, limit time.Duration, waiting bool) int {
+func (s *Scheduler) besideBudget(rows int, limit time.Duration, waiting bool) int {
 	n := s.prefillBeside(rows, limit)
 	if n > 0 || !waiting || !s.besideRow.ok {
 		s.besideStarved = 0
@@ -104,44 +102,45 @@ func (s *scheduler) besideBudget(rows int, limit time.Duration, waiting bool) in
 	return max(s.cfg.IterationTokens, 1)
 }
 
-// plan decides the next iteration at now: decode steps first, then
+// Plan decides the next iteration at now: decode steps first, then
 // prefill tokens up to the iteration's budget (orderPrefills). It returns
 // the forward to run, if any; refusals and trims it decides are in s.fx,
 // and a time to plan again at (a hold) in s.wake.
-func (s *scheduler) plan(now time.Time) (forwardPlan, bool) {
-	s.probing = false
+func (s *Scheduler) Plan(now time.Time) (Forward, bool) {
+	s.at = now
+	s.fwd, s.probing = Forward{}, false
 	decodes, prefills := s.admitHeads()
 	decodes, wait := s.gatherDecodes(now, decodes)
 	if wait {
-		return forwardPlan{}, false
+		return Forward{}, false
 	}
 	budget, limit, wait := s.iterationBudget(now, decodes, prefills)
 	if wait {
-		return forwardPlan{}, false
+		return Forward{}, false
 	}
 	if s.cfg.Exact {
 		decodes, prefills, budget = s.exactTurns(decodes, prefills, budget)
 	}
 	rows := s.fill(now, decodes, prefills, budget)
 	if rows == 0 {
-		return forwardPlan{}, false
+		return Forward{}, false
 	}
-	s.fwd = forwardPlan{items: s.planned, rows: rows, decodes: len(decodes), limit: limit,
-		preemptible: s.preemptible(now, len(decodes)), probe: s.probing}
+	s.fwd = Forward{Items: s.planned, Rows: rows, Decodes: len(decodes), Limit: limit,
+		Preemptible: s.preemptible(now, len(decodes)), Probe: s.probing}
 	return s.fwd, true
 }
 
 // admitHeads admits each session's first unit of work and sorts the
 // admitted into decode steps and prefill chunks; refused heads are answered
 // and dropped, and the next of their session is tried.
-func (s *scheduler) admitHeads() (decodes, prefills []*sessQueue) {
+func (s *Scheduler) admitHeads() (decodes, prefills []*sessQueue) {
 	decodes, prefills = s.decodes[:0], s.prefills[:0]
 	for i := 0; i < len(s.ring); i++ {
 		q := s.ring[i]
 		for len(q.items) > 0 {
 			switch r := s.admit(q.items[0]); r {
 			case admitRun:
-				if q.items[0].mode == shardv1.CacheMode_CACHE_MODE_DECODE {
+				if q.items[0].Mode == Decode {
 					decodes = append(decodes, q)
 				} else {
 					prefills = append(prefills, q)
@@ -168,7 +167,7 @@ func (s *scheduler) admitHeads() (decodes, prefills []*sessQueue) {
 // of 32) even out in one trip instead of the smaller one holding its
 // window every time round. The share applies only while the gatherer
 // counts some session as decoding.
-func (s *scheduler) gatherDecodes(now time.Time, decodes []*sessQueue) ([]*sessQueue, bool) {
+func (s *Scheduler) gatherDecodes(now time.Time, decodes []*sessQueue) ([]*sessQueue, bool) {
 	if len(decodes) == 0 {
 		return decodes, false
 	}
@@ -192,14 +191,14 @@ func (s *scheduler) gatherDecodes(now time.Time, decodes []*sessQueue) ([]*sessQ
 // and then the decode rows alone (to measure them), and a whole prefill
 // budget while the prompts it would finish outnumber the sessions decoding.
 // wait: hold prefill back for a decode step that is due.
-func (s *scheduler) iterationBudget(now time.Time, decodes, prefills []*sessQueue) (budget int, limit time.Duration, wait bool) {
+func (s *Scheduler) iterationBudget(now time.Time, decodes, prefills []*sessQueue) (budget int, limit time.Duration, wait bool) {
 	cfg := &s.cfg
 	budget = cfg.PrefillIterationTokens
 	switch {
 	case len(decodes) > 0:
 		rows := 0
 		for _, q := range decodes {
-			rows += q.items[0].tokens - q.items[0].done
+			rows += q.items[0].Tokens - q.items[0].Done
 		}
 		s.lastDecode, s.lastDecodeRows = now, rows
 		limit = s.decodeBudget(rows)
@@ -222,7 +221,7 @@ func (s *scheduler) iterationBudget(now time.Time, decodes, prefills []*sessQueu
 // likely on its way: no more than prefill would get beside the step, and no
 // more than ends before the step is due. When not even one token would, it
 // waits for the step, which then runs at once with prefill beside it.
-func (s *scheduler) budgetBeforeStep(now time.Time, prefills []*sessQueue) (int, bool) {
+func (s *Scheduler) budgetBeforeStep(now time.Time, prefills []*sessQueue) (int, bool) {
 	cfg := &s.cfg
 	if s.promptsOutnumber(prefills, 0, now) {
 		return cfg.PrefillIterationTokens, false
@@ -255,7 +254,7 @@ func (s *scheduler) budgetBeforeStep(now time.Time, prefills []*sessQueue) (int,
 // the iteration's budget. The backend keeps each session's KV in a stream of
 // its own and every operation of the forward is batch-invariant, so a
 // row's bits do not depend on the rows beside it.
-func (s *scheduler) exactTurns(decodes, prefills []*sessQueue, budget int) ([]*sessQueue, []*sessQueue, int) {
+func (s *Scheduler) exactTurns(decodes, prefills []*sessQueue, budget int) ([]*sessQueue, []*sessQueue, int) {
 	if len(prefills) > 0 && len(decodes) > 0 {
 		s.prefillTurn = !s.prefillTurn
 		if s.prefillTurn {
@@ -263,8 +262,8 @@ func (s *scheduler) exactTurns(decodes, prefills []*sessQueue, budget int) ([]*s
 		}
 	}
 	for _, q := range decodes {
-		if w := q.items[0]; w.tokens-w.done > 1 {
-			return []*sessQueue{q}, nil, w.tokens - w.done // rows of several sessions go one each
+		if w := q.items[0]; w.Tokens-w.Done > 1 {
+			return []*sessQueue{q}, nil, w.Tokens - w.Done // rows of several sessions go one each
 		}
 	}
 	if len(decodes) > 0 {
@@ -276,12 +275,12 @@ func (s *scheduler) exactTurns(decodes, prefills []*sessQueue, budget int) ([]*s
 		// computes chunks of one length together, each on its own stream.
 		at := s.rr % len(prefills)
 		w := prefills[at].items[0]
-		n := min(w.tokens-w.done, s.info.MaxBatch)
+		n := min(w.Tokens-w.Done, s.info.MaxBatch)
 		limit := min(max(budget, n), s.info.MaxBatch)
 		s.together = append(s.together[:0], prefills[at])
 		for i := 1; i < len(prefills) && (len(s.together)+1)*n <= limit; i++ {
 			q := prefills[(at+i)%len(prefills)]
-			if w := q.items[0]; w.tokens-w.done == n {
+			if w := q.items[0]; w.Tokens-w.Done == n {
 				s.together = append(s.together, q)
 			}
 		}
@@ -294,17 +293,17 @@ func (s *scheduler) exactTurns(decodes, prefills []*sessQueue, budget int) ([]*s
 // fill plans the iteration's rows into s.planned: every decode step that
 // fits, then prefill chunks in orderPrefills' order up to the budget. It
 // returns the rows planned.
-func (s *scheduler) fill(now time.Time, decodes, prefills []*sessQueue, budget int) int {
+func (s *Scheduler) fill(now time.Time, decodes, prefills []*sessQueue, budget int) int {
 	maxBatch := s.info.MaxBatch
 	s.planned = s.planned[:0]
 	rows := 0
 	for _, q := range decodes {
 		w := q.items[0]
-		n := w.tokens - w.done
+		n := w.Tokens - w.Done
 		if rows+n > maxBatch || (rows > 0 && rows+n > max(budget, len(decodes))) {
 			continue
 		}
-		s.planned = append(s.planned, planned{w: w, from: w.done, n: n})
+		s.planned = append(s.planned, Planned{Item: w, From: w.Done, N: n})
 		rows += n
 	}
 	// Decode rows go in in the order of their sessions' KV sequences, not
@@ -312,25 +311,24 @@ func (s *scheduler) fill(now time.Time, decodes, prefills []*sessQueue, budget i
 	// session's cells then lie at a steady stride in the shared buffer,
 	// where attention, reading each row's cells in cell order, runs faster
 	// than over cells scattered by arrival order.
-	slices.SortFunc(s.planned, func(a, b planned) int { return a.w.seq - b.w.seq })
+	slices.SortFunc(s.planned, func(a, b Planned) int { return a.Item.Seq - b.Item.Seq })
 	if len(prefills) > 0 && rows < budget {
 		left := budget - rows
 		orderPrefills(prefills, now)
 		for _, q := range prefills {
 			w := q.items[0]
-			n := min(w.tokens-w.done, left)
+			n := min(w.Tokens-w.Done, left)
 			if n <= 0 {
 				break
 			}
-			s.planned = append(s.planned, planned{w: w, from: w.done, n: n})
+			s.planned = append(s.planned, Planned{Item: w, From: w.Done, N: n})
 			left -= n
 			rows += n
 		}
 	}
 	for _, p := range s.planned {
-		if p.w.started.IsZero() {
-			p.w.started = now
-			p.w.tm.started = now
+		if p.Item.Started.IsZero() {
+			p.Item.Started = now
 		}
 	}
 	return rows
@@ -343,7 +341,7 @@ func (s *scheduler) fill(now time.Time, decodes, prefills []*sessQueue, budget i
 // never finish), and not when it brings more sessions to their first token
 // than there are sessions decoding (stopping it would hold back more
 // sessions than it serves).
-func (s *scheduler) preemptible(now time.Time, decodes int) bool {
+func (s *Scheduler) preemptible(now time.Time, decodes int) bool {
 	if decodes > 0 || s.preempted {
 		return false
 	}
@@ -363,7 +361,7 @@ func (s *scheduler) preemptible(now time.Time, decodes int) bool {
 // the rule stopped once 4 sessions decoded). A long prompt streamed in
 // chunks never counts: its chunks take the budget beside the decoding
 // sessions, which the budget is there to protect.
-func (s *scheduler) promptsOutnumber(prefills []*sessQueue, decodes int, now time.Time) bool {
+func (s *Scheduler) promptsOutnumber(prefills []*sessQueue, decodes int, now time.Time) bool {
 	if s.cfg.Exact || len(prefills) <= decodes {
 		return false
 	}
@@ -374,7 +372,7 @@ func (s *scheduler) promptsOutnumber(prefills []*sessQueue, decodes int, now tim
 	first := 0
 	for _, q := range prefills {
 		w := q.items[0]
-		if w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL && w.first == 0 && w.final && w.tokens-w.done <= s.cfg.PrefillIterationTokens {
+		if w.Mode == Prefill && w.First == 0 && w.Final && w.Tokens-w.Done <= s.cfg.PrefillIterationTokens {
 			first++
 		}
 	}
@@ -383,10 +381,10 @@ func (s *scheduler) promptsOutnumber(prefills []*sessQueue, decodes int, now tim
 
 // finishing counts the planned items that complete a prompt: after them
 // their sessions decode.
-func (s *scheduler) finishing() int {
+func (s *Scheduler) finishing() int {
 	n := 0
 	for _, p := range s.planned {
-		if w := p.w; w.mode == shardv1.CacheMode_CACHE_MODE_PREFILL && w.final && p.from+p.n == w.tokens {
+		if w := p.Item; w.Mode == Prefill && w.Final && p.From+p.N == w.Tokens {
 			n++
 		}
 	}
@@ -410,7 +408,7 @@ const prefillPatience = time.Second
 func orderPrefills(prefills []*sessQueue, now time.Time) {
 	slices.SortStableFunc(prefills, func(a, b *sessQueue) int {
 		wa, wb := a.items[0], b.items[0]
-		oldA, oldB := now.Sub(wa.queued) > prefillPatience, now.Sub(wb.queued) > prefillPatience
+		oldA, oldB := now.Sub(wa.Queued) > prefillPatience, now.Sub(wb.Queued) > prefillPatience
 		switch {
 		case oldA != oldB:
 			if oldA {
@@ -418,10 +416,10 @@ func orderPrefills(prefills []*sessQueue, now time.Time) {
 			}
 			return 1
 		case !oldA:
-			if c := cmp.Compare(wa.tokens-wa.done, wb.tokens-wb.done); c != 0 {
+			if c := cmp.Compare(wa.Tokens-wa.Done, wb.Tokens-wb.Done); c != 0 {
 				return c
 			}
 		}
-		return wa.queued.Compare(wb.queued)
+		return wa.Queued.Compare(wb.Queued)
 	})
 }

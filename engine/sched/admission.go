@@ -1,9 +1,6 @@
-package engine
+package sched
 
 import (
-	"strings"
-
-	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/internal/wireerr"
 	"github.com/meshnet/shardd/kvcache"
 )
@@ -17,13 +14,13 @@ import (
 // buffers back to the pool instead of holding them until the byte budget
 // evicts them, so steady decoding does not allocate a fresh result buffer
 // (for a last hop, 4 x vocab bytes) every step.
-func (s *scheduler) keepRecent(sess *kvcache.Session, ref kvcache.StepRef) {
+func (s *Scheduler) keepRecent(sess *kvcache.Session, ref kvcache.StepRef) {
 	sess.Results = append(sess.Results, ref)
 	keep := int(s.cfg.MaxInflightChunks) // at least 1 (Config.Defaults)
 	if extra := len(sess.Results) - keep; extra > 0 {
 		for _, old := range sess.Results[:extra] {
 			if r, ok := s.results.Remove(resultKey{sess.ID, old.Epoch, old.Step}); ok {
-				r.release()
+				r.Release()
 			}
 		}
 		sess.Results = append(sess.Results[:0], sess.Results[extra:]...)
@@ -35,24 +32,21 @@ func (s *scheduler) keepRecent(sess *kvcache.Session, ref kvcache.StepRef) {
 // that is gone the results can never be asked for, and holding them until
 // the byte budget pushes them out would keep their pooled buffers from
 // the pool.
-func (s *scheduler) dropResults(sess *kvcache.Session) {
+func (s *Scheduler) dropResults(sess *kvcache.Session) {
 	s.prefixKeep(sess)
 	for _, old := range sess.Results {
 		if r, ok := s.results.Remove(resultKey{sess.ID, old.Epoch, old.Step}); ok {
-			r.release()
+			r.Release()
 		}
 	}
 	sess.Results = sess.Results[:0]
 }
 
-// refuse sends err for w and releases what w holds (w is not finished).
-func (s *scheduler) refuse(w *work, err error) {
-	w.releaseInput()
-	if w.out != nil {
-		w.out.Release()
-		w.out = nil
-	}
-	s.fx.deliver(w.st, reply{status: statusFor(w.st.id, w.workID, w.step, err)}, true)
+// refuse answers w with err and releases its output so far (w is not
+// finished).
+func (s *Scheduler) refuse(w *Item, err error) {
+	w.releaseOut()
+	s.fx.reply(Reply{Item: w, Err: err})
 }
 
 type admitResult int
@@ -68,7 +62,7 @@ const (
 
 // admit checks w against the session state when it reaches the head of its
 // session's queue. Refused items are answered here.
-func (s *scheduler) admit(w *work) admitResult {
+func (s *Scheduler) admit(w *Item) admitResult {
 	if w.admitted {
 		return admitRun
 	}
@@ -77,31 +71,30 @@ func (s *scheduler) admit(w *work) admitResult {
 		s.retire(w)
 		return admitDrop
 	}
-	if w.st.isClosed() {
-		w.releaseInput()
-		s.fx.deliver(w.st, reply{}, true) // accounting only; nobody reads
+	if w.Gone != nil && w.Gone.Load() {
+		s.fx.reply(Reply{Item: w, Quiet: true}) // accounting only; nobody reads
 		s.retire(w)
 		return admitDrop
 	}
-	if w.deadline != 0 && s.now().UnixNano() > w.deadline {
+	if w.Deadline != 0 && s.at.UnixNano() > w.Deadline {
 		return drop(ErrDeadline)
 	}
-	if w.mode == shardv1.CacheMode_CACHE_MODE_STATELESS {
+	if w.Mode == Stateless {
 		if s.owner != nil && s.owner != w {
 			return admitWait
 		}
-		s.owner, w.seq, w.admitted = w, s.scratch, true
+		s.owner, w.Seq, w.admitted = w, s.scratch, true
 		return admitRun
 	}
-	id := w.st.id
-	if err := s.store.CheckEpoch(id, w.epoch); err != nil {
+	id := w.Session
+	if err := s.store.CheckEpoch(id, w.Epoch); err != nil {
 		return drop(err)
 	}
 	sess, ok := s.store.Lookup(id)
-	if ok && w.epoch > sess.Epoch {
-		s.store.NewEpoch(sess, w.epoch) // a newer epoch supersedes the old state
+	if ok && w.Epoch > sess.Epoch {
+		s.store.NewEpoch(sess, w.Epoch) // a newer epoch supersedes the old state
 	}
-	if ok && sess.HasStep && w.step <= sess.LastStep {
+	if ok && sess.HasStep && w.Step <= sess.LastStep {
 		s.duplicate(w, sess)
 		s.retire(w)
 		return admitDrop
@@ -111,49 +104,46 @@ func (s *scheduler) admit(w *work) admitResult {
 		if ok {
 			actual = uint64(sess.PastLen)
 		}
-		w.releaseInput()
-		st := statusFor(id, w.workID, w.step, wireerr.Errorf(ErrCacheMiss, "expected %d tokens, holding %d", w.expected, actual))
-		st.Error.ActualPastLen = actual
-		s.fx.deliver(w.st, reply{status: st}, true)
+		s.fx.reply(Reply{Item: w, Err: wireerr.Errorf(ErrCacheMiss, "expected %d tokens, holding %d", w.Expected, actual), ActualPastLen: actual})
 		s.retire(w)
 		return admitDrop
 	}
-	switch w.mode {
-	case shardv1.CacheMode_CACHE_MODE_PREFILL:
-		if w.first == 0 {
+	switch w.Mode {
+	case Prefill:
+		if w.First == 0 {
 			var err error
-			if sess, err = s.store.Begin(id, w.epoch, w.length); err != nil {
+			if sess, err = s.store.Begin(id, w.Epoch, w.Length); err != nil {
 				return drop(err)
 			}
 			ok = true
-		} else if !ok || sess.PastLen != w.first {
+		} else if !ok || sess.PastLen != w.First {
 			// A later chunk, or a follow-up prompt appended to a finished
 			// one: either way it must start exactly where the cache ends.
-			w.expected = uint64(w.first)
+			w.Expected = uint64(w.First)
 			return miss()
 		}
-		w.hit = w.first > 0
-	case shardv1.CacheMode_CACHE_MODE_DECODE:
-		if !ok || !sess.PrefillDone || uint64(sess.PastLen) != w.expected || uint64(w.first) != w.expected {
+		w.Hit = w.First > 0
+	case Decode:
+		if !ok || !sess.PrefillDone || uint64(sess.PastLen) != w.Expected || uint64(w.First) != w.Expected {
 			return miss()
 		}
-		w.hit = true
+		w.Hit = true
 	default:
-		return drop(wireerr.Errorf(ErrEnvelope, "cache mode %s", w.mode))
+		return drop(wireerr.Errorf(ErrMode, "cache mode %d", w.Mode))
 	}
 	// A session's first prompt chunk is part of its admission: it may
 	// refuse, but not preempt others; every later step of an admitted
 	// session may preempt idle ones rather than fail.
-	admitted := w.mode != shardv1.CacheMode_CACHE_MODE_PREFILL || w.first > 0
-	if err := s.store.Reserve(sess, w.tokens, admitted); err != nil {
+	admitted := w.Mode != Prefill || w.First > 0
+	if err := s.store.Reserve(sess, w.Tokens, admitted); err != nil {
 		return drop(err)
 	}
 	s.pin(w, sess)
-	w.sess, w.seq, w.admitted = sess, sess.Seq, true
-	switch w.mode {
-	case shardv1.CacheMode_CACHE_MODE_PREFILL:
+	w.Sess, w.Seq, w.admitted = sess, sess.Seq, true
+	switch w.Mode {
+	case Prefill:
 		return s.prefixHit(w)
-	case shardv1.CacheMode_CACHE_MODE_DECODE:
+	case Decode:
 		s.prefixFeed(w)
 	}
 	return admitRun
@@ -162,14 +152,11 @@ func (s *scheduler) admit(w *work) admitResult {
 // duplicate answers a step that was already applied: its cached result sent
 // again marked duplicate, or, when it has left the cache, a bare duplicate
 // acknowledgement. Nothing is re-applied.
-func (s *scheduler) duplicate(w *work, sess *kvcache.Session) {
-	w.releaseInput()
-	if r, ok := s.results.Get(resultKey{sess.ID, w.epoch, w.step}); ok {
-		s.fx.deliver(w.st, reply{res: r.ref(), duplicate: true}, true)
+func (s *Scheduler) duplicate(w *Item, sess *kvcache.Session) {
+	if r, ok := s.results.Get(resultKey{sess.ID, w.Epoch, w.Step}); ok {
+		r.Retain()
+		s.fx.reply(Reply{Item: w, Out: r, Duplicate: true})
 		return
 	}
-	s.fx.deliver(w.st, reply{ack: &shardv1.Ack{
-		WorkId: strings.Clone(w.workID), IdempotencyStep: w.step, Duplicate: true,
-		CacheResult: &shardv1.CacheResult{Mode: w.mode, PastLen: uint64(sess.PastLen), CacheHit: true},
-	}}, true)
+	s.fx.reply(Reply{Item: w, Duplicate: true, PastLen: uint64(sess.PastLen)})
 }

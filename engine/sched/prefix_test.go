@@ -1,17 +1,20 @@
-package engine
+package sched
 
 import (
 	"bytes"
+	"encoding/binary"
 	"slices"
 	"testing"
-
-	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 )
 
 // prefixOf feeds tokens to a fresh chain of session id in c.
-func prefixOf(c *prefixCache, id string, tokens []int32) *prefixChain {
+func prefixOf(c *prefixCache, id string, tokens []int32) *Chain {
 	ch := c.chain(id, 0)
-	c.feed(ch, int32Bytes(tokens), 4)
+	var b []byte
+	for _, t := range tokens {
+		b = binary.LittleEndian.AppendUint32(b, uint32(t))
+	}
+	c.feed(ch, b, 4)
 	return ch
 }
 
@@ -24,15 +27,11 @@ func testTokens(n, salt int) []int32 {
 }
 
 // An entry is found again by the same inputs, in whole blocks, at any
-// depth up to its own; an entry made under another identity (recipe,
-// range, model) or boundary dtype is never used, even for the same bytes.
+// depth up to its own; an entry made under another seed (the engine's
+// seed names the identity: recipe, range, model, boundary dtype; its
+// TestPrefixSeedIdentity) is never used, even for the same bytes.
 func TestPrefixCacheIdentity(t *testing.T) {
-	id := func(model, recipe string, start, end uint32) Identity {
-		return Identity{Fingerprint: &shardv1.Fingerprint{ModelArtifactDigest: model, RuntimeRecipeDigest: recipe},
-			Range: &shardv1.ShardRange{StartLayer: start, EndLayer: end}}
-	}
-	base := id("sha256:m", "r1", 0, 6)
-	c := newPrefixCache(1<<20, 8, 0, 1024, prefixSeed(base, "bf16"))
+	c := newPrefixCache(1<<20, 8, 0, 1024, [32]byte{1})
 	tokens := testTokens(30, 1) // 3 whole blocks of 8
 	ch := prefixOf(c, "a", tokens)
 	if blocks := c.wants(ch); blocks != 3 {
@@ -54,17 +53,10 @@ func TestPrefixCacheIdentity(t *testing.T) {
 	if _, end := c.match(prefixOf(c, "d", other), 0, 30); end != 8 {
 		t.Fatalf("a prompt that differs in block 2 matched to %d, want 8", end)
 	}
-	for name, seed := range map[string][32]byte{
-		"recipe":   prefixSeed(id("sha256:m", "r2", 0, 6), "bf16"),
-		"range":    prefixSeed(id("sha256:m", "r1", 0, 3), "bf16"),
-		"model":    prefixSeed(id("sha256:n", "r1", 0, 6), "bf16"),
-		"boundary": prefixSeed(base, "f32"),
-	} {
-		foreign := *c // the same entries, chains keyed from another identity
-		foreign.seed, foreign.chains = seed, map[string]*prefixChain{}
-		if e, _ := foreign.match(prefixOf(&foreign, "x", tokens), 0, 30); e != nil {
-			t.Errorf("another %s used this identity's entry", name)
-		}
+	foreign := *c // the same entries, chains keyed from another seed
+	foreign.seed, foreign.chains = [32]byte{2}, map[string]*Chain{}
+	if e, _ := foreign.match(prefixOf(&foreign, "x", tokens), 0, 30); e != nil {
+		t.Error("another seed used this seed's entry")
 	}
 }
 
@@ -74,7 +66,7 @@ func TestPrefixCacheIdentity(t *testing.T) {
 func TestPrefixCacheBounded(t *testing.T) {
 	const row = 4
 	c := newPrefixCache(3*(100+8*row+32), 8, row, 1024, [32]byte{1})
-	var chains []*prefixChain
+	var chains []*Chain
 	for i := range 5 {
 		ch := prefixOf(c, "s", testTokens(8, 10+i))
 		out := bytes.Repeat([]byte{byte(i)}, 8*row)
@@ -83,7 +75,7 @@ func TestPrefixCacheBounded(t *testing.T) {
 			t.Fatalf("entry %d not wanted", i)
 		}
 		c.insert(ch, 1, make([]byte, 100))
-		chains = append(chains, &prefixChain{keys: append([][32]byte(nil), ch.keys...), valid: true})
+		chains = append(chains, &Chain{keys: append([][32]byte(nil), ch.keys...), valid: true})
 	}
 	if got := c.entries.Cost(); got > 3*(100+8*row+32) {
 		t.Fatalf("%d bytes held", got)
