@@ -44,9 +44,8 @@ type Load struct {
 	Undo           func()
 }
 
-// Reply answers one submitted item (Work) or is a bare reply (not Work:
-// none of the scheduler's today). Exactly one of Out, Err, a bare
-// duplicate and Quiet holds.
+// Reply answers one submitted item, releasing its credit. Exactly one of
+// Out, Err, a bare duplicate and Quiet holds.
 type Reply struct {
 	Item *Item
 	// Out is the completed item's output, or with Duplicate the cached one

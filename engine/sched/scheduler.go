@@ -68,7 +68,7 @@ type Scheduler struct {
 	ring       []*sessQueue          // sessions with work, for round robin
 	// spare are emptied queues kept for the next session with work, and
 	// decodes and prefills plan's lists, kept between plans: a decode step
-	// allocates nothing here (TestPlanDecodeStepAllocs).
+	// allocates nothing here (engine's TestDecodeStepAllocs).
 	spare             []*sessQueue
 	decodes, prefills []*sessQueue
 	rr                int
