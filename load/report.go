@@ -235,6 +235,12 @@ func (r *Report) writeTurns(w io.Writer) {
 		}
 		fmt.Fprintf(w, "TTFT p50 by turn, %s: %s\n", s.Label, strings.Join(parts, ", "))
 	}
+}
+
+// writeWorkerMetrics prints each run's figures per hop from the workers'
+// metrics: prefix cache hits, backend busy share, rows per forward and
+// cost model, and the exact mode's KV stream work.
+func (r *Report) writeWorkerMetrics(w io.Writer) {
 	for _, s := range r.Runs {
 		if len(s.PrefixHitRate) == 0 || slices.Max(s.PrefixHitRate) == 0 {
 			continue
@@ -247,6 +253,19 @@ func (r *Report) writeTurns(w io.Writer) {
 			}
 		}
 		fmt.Fprintf(w, "prefix cache, prompt tokens answered, %s: %s\n", s.Label, strings.Join(parts, ", "))
+	}
+	for _, s := range r.Runs {
+		if len(s.HopBusy) == 0 {
+			continue
+		}
+		parts := make([]string, len(s.HopBusy))
+		for i, v := range s.HopBusy {
+			parts[i] = fmt.Sprintf("hop %d %.0f%% / %.1f", i, 100*v, s.HopRowsPerForward[i])
+			if c := s.HopCost[i]; c[1] > 0 {
+				parts[i] += fmt.Sprintf(" / %.1f + %.2f ms", 1e3*c[0], 1e3*c[1])
+			}
+		}
+		fmt.Fprintf(w, "backend busy / rows per forward / cost model (a forward + a row), %s: %s\n", s.Label, strings.Join(parts, ", "))
 	}
 	for _, s := range r.Runs {
 		if len(s.StreamPlaceholders) == 0 || slices.Max(s.StreamPlaceholders)+slices.Max(s.StreamCopies) == 0 {
@@ -271,6 +290,7 @@ func (r *Report) WriteText(w io.Writer) {
 	}
 	tw.Flush()
 	r.writeTurns(w)
+	r.writeWorkerMetrics(w)
 	r.writeHost(w)
 	r.writeHops(w)
 	for _, s := range r.Runs {

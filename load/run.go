@@ -304,6 +304,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	s.HostKdamondMillis = float64(kdCPU.Microseconds()) / 1000
 	s.PrefixHitRate, s.PrefixHitSeries, s.PrefixMisfits = hops.hitRate, hops.hitSeries, hops.delta[misfitsMetric]
 	s.StreamPlaceholders, s.StreamCopies = hops.delta[placeholdersMetric], hops.delta[copiesMetric]
+	s.HopBusy, s.HopRowsPerForward, s.HopCost = hops.busy, hops.rows, hops.cost
 	if len(t.SpanFiles) > 0 {
 		end := time.Now()
 		time.Sleep(t.SpanFlush)
@@ -716,15 +717,25 @@ const (
 	misfitsMetric      = "shardd_prefix_misfits_total"
 	placeholdersMetric = "shardd_streams_placeholder_rows_total"
 	copiesMetric       = "shardd_streams_copies_total"
+	busyMetric         = "shardd_forward_busy"
+	rowsSumMetric      = "shardd_batch_rows_sum"
+	rowsCountMetric    = "shardd_batch_rows_count"
+	costBaseMetric     = "shardd_cost_base"
+	costRowMetric      = "shardd_cost_per_row"
 )
 
 // hopCounters is what sampleCounters read: per hop, the share of the
 // prompt tokens sent that its prefix cache answered, overall and by second
-// of the run, and each counted metric's difference over the run.
+// of the run, each counted metric's difference over the run, the share of
+// the run its backend spent in forward calls, its rows per forward, and
+// its cost model.
 type hopCounters struct {
 	hitRate   []float64
 	hitSeries [][][2]float64
 	delta     map[string][]int64
+	busy      []float64
+	rows      []float64
+	cost      [][2]float64 // the hop's cost model at the end: seconds a forward, a row
 }
 
 // sampleCounters reads each hop's counters now and its prefix cache's
@@ -738,7 +749,8 @@ func sampleCounters(metrics []string, rec *recorder) func() hopCounters {
 	read := func() []map[string]float64 {
 		out := make([]map[string]float64, len(metrics))
 		for i, m := range metrics {
-			out[i], _ = telemetry.Scrape(m, prefixTokensMetric, misfitsMetric, placeholdersMetric, copiesMetric)
+			out[i], _ = telemetry.Scrape(m, prefixTokensMetric, misfitsMetric, placeholdersMetric, copiesMetric,
+				busyMetric, rowsSumMetric, rowsCountMetric, costBaseMetric, costRowMetric)
 		}
 		return out
 	}
@@ -775,8 +787,18 @@ func sampleCounters(metrics []string, rec *recorder) func() hopCounters {
 	return func() hopCounters {
 		close(stop)
 		<-done
-		now := read()
+		now, wall := read(), time.Since(start).Seconds()
 		h := hopCounters{hitRate: rate(now), hitSeries: series, delta: map[string][]int64{}}
+		for i := range now {
+			d := func(name string) float64 { return now[i][name] - base[i][name] }
+			h.busy = append(h.busy, d(busyMetric)/wall)
+			rows := 0.0
+			if n := d(rowsCountMetric); n > 0 {
+				rows = d(rowsSumMetric) / n
+			}
+			h.rows = append(h.rows, rows)
+			h.cost = append(h.cost, [2]float64{now[i][costBaseMetric], now[i][costRowMetric]})
+		}
 		for _, name := range []string{misfitsMetric, placeholdersMetric, copiesMetric} {
 			d := make([]int64, len(now))
 			for i := range now {

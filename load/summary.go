@@ -130,6 +130,15 @@ type Summary struct {
 	// shardd_streams_copies_total).
 	StreamPlaceholders []int64 `json:"stream_placeholder_rows,omitempty"`
 	StreamCopies       []int64 `json:"stream_copies,omitempty"`
+	// HopBusy is, per hop, the share of the measured phase its backend
+	// spent in forward calls (shardd_forward_busy): what is left is its
+	// bubbles, time it had nothing to run. HopRowsPerForward is its mean
+	// rows per forward call (shardd_batch_rows), and HopCost its cost
+	// model at the run's end: seconds a forward takes, and a row adds
+	// (shardd_cost_base, shardd_cost_per_row).
+	HopBusy           []float64    `json:"hop_busy,omitempty"`
+	HopRowsPerForward []float64    `json:"hop_rows_per_forward,omitempty"`
+	HopCost           [][2]float64 `json:"hop_cost,omitempty"`
 	ITL                Dist    `json:"itl"`
 	TPOT               Dist    `json:"tpot"`
 	E2E                Dist    `json:"e2e"`
