@@ -139,9 +139,9 @@ type Summary struct {
 	HopBusy           []float64    `json:"hop_busy,omitempty"`
 	HopRowsPerForward []float64    `json:"hop_rows_per_forward,omitempty"`
 	HopCost           [][2]float64 `json:"hop_cost,omitempty"`
-	ITL                Dist    `json:"itl"`
-	TPOT               Dist    `json:"tpot"`
-	E2E                Dist    `json:"e2e"`
+	ITL               Dist         `json:"itl"`
+	TPOT              Dist         `json:"tpot"`
+	E2E               Dist         `json:"e2e"`
 
 	Hops []HopSummary `json:"hops"`
 	// KillAtS is when a worker was killed (Target.Kill), seconds into the
