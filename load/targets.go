@@ -167,7 +167,9 @@ func (s *Spawned) startBaseline(ctx context.Context, sp Spawn, b Baseline) error
 	if len(sp.Baselines) > 1 {
 		name = fmt.Sprintf("unsplit-%dt", b.Threads)
 	}
-	w := WorkerSpec{Model: sp.Model, Name: name, Threads: b.Threads, Args: sp.ServeArgs, CPUs: b.CPUs}
+	// Its metrics on a port of its own, as the route's workers'.
+	args := append(slices.Clone(sp.ServeArgs), "--metrics-listen", "127.0.0.1:0")
+	w := WorkerSpec{Model: sp.Model, Name: name, Threads: b.Threads, Args: args, CPUs: b.CPUs}
 	info := TargetInfo{Name: name, Ranges: []string{fmt.Sprintf("0:%d", meta.BlockCount)}, Threads: []int{b.Threads}}
 	if len(b.CPUs) > 0 {
 		info.CPUs = []string{IntsString(b.CPUs)}
@@ -182,7 +184,7 @@ func (s *Spawned) startBaseline(ctx context.Context, sp Spawn, b Baseline) error
 		return err
 	}
 	s.clusters = append(s.clusters, c)
-	t.Addrs, t.Workers, info.Workers = c.Addrs, c.Addrs, c.Addrs
+	t.Addrs, t.Workers, info.Workers, t.Metrics = c.Addrs, c.Addrs, c.Addrs, c.Metrics
 	s.add(t, info)
 	return nil
 }
