@@ -34,7 +34,8 @@ const benchHelp = `Loads a route the way operators run it and reports TTFT, inte
 output token (TPOT) and end-to-end latency (p50/p90/p99/max, HdrHistogram), output tokens/s
 (to the last token, and steady: until the arrivals ended), requests/s, goodput under --slo,
 per-hop execution and wire time, per-stage latency from worker spans, errors by ErrorCode, and
-the harness's own CPU time per token.
+the harness's own CPU time per token. For the workers it starts, also each one's share of the
+run in forward calls, rows per forward and cost model (from their metrics).
 
 Target: an existing route (--route A,B,...), or a route it starts from a model (--model FILE with
 --shards N [--by cost [--kv-cells N]] or --ranges 0:8,8:12, cut as 'shardd split' cuts): one
