@@ -40,7 +40,9 @@ wait_http() {
 # start CPUS LOG CMD...: run CMD pinned to CPUS in the background.
 start() { local cpus=$1 log=$2; shift 2; taskset -c "$cpus" "$@" >"$log" 2>&1 & pids+=($!); }
 
-serve_args=(--threads 1 --max-sessions 40 --ctx-tokens $ctx --prefix-cache-bytes 0)
+# SHARDD_SERVE_ARGS: more flags for every worker (e.g. --decode-budget 1s).
+read -ra extra_serve <<<"${SHARDD_SERVE_ARGS:-}"
+serve_args=(--threads 1 --max-sessions 40 --ctx-tokens $ctx --prefix-cache-bytes 0 "${extra_serve[@]}")
 workers=()
 case $setup in
 one)
