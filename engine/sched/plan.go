@@ -208,6 +208,8 @@ func (s *Scheduler) iterationBudget(now time.Time, decodes, prefills []*sessQueu
 		}
 		if s.promptsOutnumber(prefills, len(decodes), now) {
 			budget = rows + cfg.PrefillIterationTokens
+		} else if n := s.overdueTokens(prefills, now); rows+n > budget {
+			budget = rows + n
 		}
 	case now.Sub(s.lastDecode) < cfg.DecodeQuiet:
 		if budget, wait = s.budgetBeforeStep(now, prefills); wait {
@@ -227,6 +229,9 @@ func (s *Scheduler) budgetBeforeStep(now time.Time, prefills []*sessQueue) (int,
 		return cfg.PrefillIterationTokens, false
 	}
 	budget := max(cfg.IterationTokens, s.prefillBeside(s.lastDecodeRows, s.decodeBudget(s.lastDecodeRows)))
+	if n := s.overdueTokens(prefills, now); n > 0 {
+		return max(budget, n), false // not held back for a due step either
+	}
 	due, ok := s.gather.due(now)
 	if !ok || cfg.DecodeBudget < 0 {
 		return budget, false
@@ -371,12 +376,39 @@ func (s *Scheduler) promptsOutnumber(prefills []*sessQueue, decodes int, now tim
 	}
 	first := 0
 	for _, q := range prefills {
-		w := q.items[0]
-		if w.Mode == Prefill && w.First == 0 && w.Final && w.Tokens-w.Done <= s.cfg.PrefillIterationTokens {
+		if s.wholeShort(q.items[0]) {
 			first++
 		}
 	}
 	return first > decoding
+}
+
+// wholeShort reports whether w is a whole short prompt: one chunk from
+// position 0, final, of at most PrefillIterationTokens tokens left.
+func (s *Scheduler) wholeShort(w *Item) bool {
+	return w.Mode == Prefill && w.First == 0 && w.Final && w.Tokens-w.Done <= s.cfg.PrefillIterationTokens
+}
+
+// overdueTokens is the tokens left of the whole short prompts that have
+// waited longer than prefillPatience, up to PrefillIterationTokens: the
+// iteration takes at least that many prompt rows, whatever the decode
+// budget (orderPrefills puts those prompts first). Without it, prompts
+// that arrived while most sessions decoded got the few rows the budget
+// priced beside the decode rows, a wave of them waited for one another,
+// and TTFT p99 ran to 3-4x llama-server's (Gemma 3, 32 requests). Only
+// the overdue prompts' rows, not a whole prefill budget: the decode rows
+// beside them pay for every row.
+func (s *Scheduler) overdueTokens(prefills []*sessQueue, now time.Time) int {
+	if s.cfg.Exact {
+		return 0
+	}
+	n := 0
+	for _, q := range prefills {
+		if w := q.items[0]; s.wholeShort(w) && now.Sub(w.Queued) > prefillPatience {
+			n += w.Tokens - w.Done
+		}
+	}
+	return min(n, s.cfg.PrefillIterationTokens)
 }
 
 // finishing counts the planned items that complete a prompt: after them
