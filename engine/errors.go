@@ -10,11 +10,8 @@ const (
 	codeSchema      = shardv1.ErrorCode_ERROR_CODE_SCHEMA_UNSUPPORTED
 	codeFingerprint = shardv1.ErrorCode_ERROR_CODE_FINGERPRINT_MISMATCH
 	codeRange       = shardv1.ErrorCode_ERROR_CODE_SHARD_RANGE_MISMATCH
-	codeMiss        = shardv1.ErrorCode_ERROR_CODE_CACHE_MISS
 	codeExhausted   = shardv1.ErrorCode_ERROR_CODE_RESOURCE_EXHAUSTED
 	codeCorrupt     = shardv1.ErrorCode_ERROR_CODE_PAYLOAD_CORRUPT
-	codeCancelled   = shardv1.ErrorCode_ERROR_CODE_CANCELLED
-	codeDeadline    = shardv1.ErrorCode_ERROR_CODE_DEADLINE_EXCEEDED
 	codeFlow        = shardv1.ErrorCode_ERROR_CODE_FLOW_CONTROL_VIOLATION
 )
 
@@ -39,7 +36,7 @@ var (
 	ErrChunkBytes     = wireerr.New(codeFlow, "engine: message exceeds max_chunk_bytes")
 	ErrNotOpen        = wireerr.New(codeSchema, "engine: the stream must open with SessionOpen")
 	ErrReopen         = wireerr.New(codeSchema, "engine: SessionOpen sent twice on one stream")
-	ErrEnvelope       = wireerr.New(codeCorrupt, "engine: envelope is malformed")
+	ErrEnvelope       = sched.ErrEnvelope
 	ErrUnknownTensor  = wireerr.New(codeCorrupt, "engine: unknown boundary tensor")
 	ErrMissingTensor  = wireerr.New(codeCorrupt, "engine: required boundary tensor missing")
 	ErrTensorShape    = wireerr.New(codeCorrupt, "engine: boundary tensor does not fit the model")

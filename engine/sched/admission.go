@@ -129,7 +129,7 @@ func (s *Scheduler) admit(w *Item) admitResult {
 		}
 		w.Hit = true
 	default:
-		return drop(wireerr.Errorf(ErrMode, "cache mode %d", w.Mode))
+		return drop(wireerr.Errorf(ErrEnvelope, "cache mode %d", w.Mode))
 	}
 	// A session's first prompt chunk is part of its admission: it may
 	// refuse, but not preempt others; every later step of an admitted

@@ -25,9 +25,10 @@ var (
 	ErrCacheMiss = wireerr.New(wireerr.CodeCacheMiss, "engine: session cache is not where the sender expects")
 	ErrCancelled = wireerr.New(wireerr.CodeCancelled, "engine: work cancelled")
 	ErrDeadline  = wireerr.New(wireerr.CodeDeadlineExceeded, "engine: deadline passed before the work ran")
-	// ErrMode: an item's mode is none of the three (the engine refuses
-	// such a chunk on receipt; this is the scheduler's own guard).
-	ErrMode = wireerr.New(wireerr.CodePayloadCorrupt, "engine: envelope is malformed")
+	// ErrEnvelope: a malformed envelope; here an item whose mode is none
+	// of the three (the engine refuses such a chunk on receipt; this is
+	// the scheduler's own guard).
+	ErrEnvelope = wireerr.New(wireerr.CodePayloadCorrupt, "engine: envelope is malformed")
 )
 
 // Item is one unit of work as the scheduler sees it: a prefill chunk or a
