@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -122,6 +123,8 @@ type Backend struct {
 	pre   *C.shardd_preempt // C memory: written atomically from Go and read by llama.cpp
 	// mainCPU is the CPU a forward's calling thread is pinned to; -1: none.
 	mainCPU C.int32_t
+	// ubatch is the most rows llama.cpp computes in one graph.
+	ubatch int
 	// streams lays out forwards of several sequences (SeparateKV only).
 	streams     *streams
 	streamStats streamStats
@@ -210,9 +213,9 @@ func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
 		b.cap.dst = (*C.float)(C.malloc(C.size_t(n * 4)))
 		b.cap.cap_floats = C.int64_t(n)
 	}
-	ubatch := min(cfg.MaxBatch, 512)
+	b.ubatch = min(cfg.MaxBatch, 512)
 	b.ctx = C.shardd_new_context(b.model, C.uint32_t(cfg.CtxTokens), C.uint32_t(cfg.MaxBatch),
-		C.uint32_t(ubatch), C.uint32_t(cfg.MaxSeqs), C.int32_t(cfg.Threads), C.bool(!cfg.SeparateKV), b.cap)
+		C.uint32_t(b.ubatch), C.uint32_t(cfg.MaxSeqs), C.int32_t(cfg.Threads), C.bool(!cfg.SeparateKV), b.cap)
 	if b.ctx == nil {
 		b.Close()
 		return nil, errors.New("llamacpp: could not create a context (see log)")
@@ -363,10 +366,25 @@ func (b *Backend) forward(bb backend.Batch, out *backend.Output) error {
 		}
 		defer b.streams.release(b)
 	}
-	if err := b.decode(run); err != nil {
+	padded := run != bt
+	if b.cap != nil {
+		b.cap.n_floats, b.cap.bad = 0, 0 // each part's rows append
+	}
+	if b.info.LogitsOut {
+		out.Logits = slices.Grow(out.Logits[:0], bt.outs*b.info.Vocab)[:bt.outs*b.info.Vocab]
+	}
+	from := 0
+	if padded {
+		for _, to := range b.streams.cuts {
+			if err := b.decodePart(bt, run, from, to, out); err != nil {
+				return err
+			}
+			from = to
+		}
+	}
+	if err := b.decodePart(bt, run, from, run.n, out); err != nil {
 		return err
 	}
-	padded := run != bt
 	if !b.info.LogitsOut {
 		want := run.n * b.info.Hidden
 		if b.cap.bad != 0 || int(b.cap.n_floats) != want {
@@ -376,34 +394,56 @@ func (b *Backend) forward(bb backend.Batch, out *backend.Output) error {
 		if padded {
 			out.Hidden = b.streams.gather(out.Hidden, bt.n, b.info.Hidden)
 		}
+	}
+	return nil
+}
+
+// decodePart runs rows [from, to) of run, the batch laid out for bt
+// (bt itself, or its padded layout), as one llama_decode, and copies the
+// logits of bt's output rows among them to their places in out.Logits
+// (sized for every output row of bt).
+func (b *Backend) decodePart(bt, run *batch, from, to int, out *backend.Output) error {
+	c := run.c
+	if from > 0 {
+		if run.embd == 0 {
+			c.token = &run.tokens[from]
+		} else {
+			c.embd = (*C.float)(unsafe.Pointer(&run.hidden[from*run.embd]))
+		}
+		c.pos, c.n_seq_id, c.seq_id, c.logits = &run.pos[from], &run.nSeq[from], &run.seq[from], &run.logits[from]
+	}
+	c.n_tokens = C.int32_t(to - from)
+	if err := b.decode(c); err != nil {
+		return err
+	}
+	if !b.info.LogitsOut {
 		return nil
 	}
-	vocab := b.info.Vocab
+	vocab, slot := b.info.Vocab, 0
 	for i, flag := range bt.logits[:bt.n] {
 		if flag == 0 {
 			continue
 		}
 		j := i
-		if padded {
+		if run != bt {
 			j = b.streams.at[i]
 		}
-		p := C.llama_get_logits_ith(b.ctx, C.int32_t(j))
-		if p == nil {
-			return fmt.Errorf("%w: no logits for row %d", backend.ErrForward, i)
+		if j >= from && j < to {
+			p := C.llama_get_logits_ith(b.ctx, C.int32_t(j-from))
+			if p == nil {
+				return fmt.Errorf("%w: no logits for row %d", backend.ErrForward, i)
+			}
+			copy(out.Logits[slot*vocab:(slot+1)*vocab], unsafe.Slice((*float32)(unsafe.Pointer(p)), vocab))
 		}
-		out.Logits = append(out.Logits, unsafe.Slice((*float32)(unsafe.Pointer(p)), vocab)...)
+		slot++
 	}
 	return nil
 }
 
-// decode runs llama_decode over bt and maps its result to the backend's
+// decode runs llama_decode over c and maps its result to the backend's
 // errors.
-func (b *Backend) decode(bt *batch) error {
-	bt.c.n_tokens = C.int32_t(bt.n)
-	if b.cap != nil {
-		b.cap.n_floats, b.cap.bad = 0, 0
-	}
-	switch rc := C.shardd_decode(b.ctx, bt.c, b.mainCPU); {
+func (b *Backend) decode(c C.struct_llama_batch) error {
+	switch rc := C.shardd_decode(b.ctx, c, b.mainCPU); {
 	case rc == 2:
 		return backend.ErrPreempted
 	case rc == 1:

@@ -25,7 +25,8 @@ import (
 // between that has room (at the positions after its last, removed again
 // after the forward: their cells are masked from every other row and then
 // free), unless the gap would take more than gapRows of them: there the
-// ubatch splits. Every operation of the forward is batch-invariant
+// forward is cut, and each part runs as a llama_decode of its own (see
+// cuts). Every operation of the forward is batch-invariant
 // (TestOpVariance), so neither the other rows nor the placeholders change
 // a row's bits.
 //
@@ -69,7 +70,23 @@ type streams struct {
 	// id, and the sequence to give back after the forward.
 	renamed    *batch
 	renamedSeq int
-	stats      *streamStats
+	// cuts lists the rows of the padded batch where a llama_decode of its
+	// own starts: after a gap between its streams, and before a ubatch's
+	// rows (ubatch) would be exceeded. llama.cpp splits a batch whose
+	// streams are not consecutive into ubatches itself, but it first finds
+	// every ubatch's cells and then restores each stream's cell search
+	// head from the wrong stream's (llama_kv_cache::prepare indexes the
+	// saved heads by the stream's place in the ubatch, not by the stream);
+	// a ubatch that runs sets its streams' heads right again, but when a
+	// forward stops part way (a preemption), the streams of the ubatches
+	// that did not run keep the wrong head, and their next cells go out of
+	// position order, which changes the bits attention computes
+	// (TestStreamsFailedForwardKeepsOrder). A llama_decode of one ubatch
+	// is not exposed: its ubatch runs, or its slot search failed and
+	// changed nothing.
+	cuts   []int
+	ubatch int
+	stats  *streamStats
 }
 
 // streamStats counts placeholder rows run and stream copies made (atomic:
@@ -86,7 +103,7 @@ func newStreams(b *Backend) (*streams, error) {
 	n := b.info.MaxSeqs
 	st := &streams{batch: bb.(*batch), at: make([]int, b.info.MaxBatch), bySeq: make([]int, n),
 		stream: make([]int, n), seqOf: make([]int, n), in: make([]bool, n), outside: make([]uint8, n), full: make([]bool, n),
-		stats: &b.streamStats}
+		ubatch: b.ubatch, stats: &b.streamStats}
 	for s := range n {
 		st.stream[s], st.seqOf[s] = s, s
 	}
@@ -151,10 +168,24 @@ func (st *streams) layout(b *Backend, bt *batch) (*batch, error) {
 	room := b.info.CtxTokens / max(b.info.MaxSeqs, 1)
 	pad := st.batch
 	pad.Reset()
-	st.placed = st.placed[:0]
-	placeholders := 0
+	st.placed, st.cuts = st.placed[:0], st.cuts[:0]
+	placeholders, split := 0, false
+	// cut starts a new llama_decode before the next n rows when the last
+	// stream laid out is not the one before theirs, or when they would
+	// take the current one past a ubatch.
+	cut := func() {
+		from := 0
+		if len(st.cuts) > 0 {
+			from = st.cuts[len(st.cuts)-1]
+		}
+		if pad.n > 0 && (split || pad.n-from+n > st.ubatch) {
+			st.cuts = append(st.cuts, pad.n)
+		}
+		split = false
+	}
 	for k := lo; k <= hi; k++ {
 		if i := st.bySeq[st.seqOf[k]] - 1; i >= 0 {
+			cut()
 			for r := i; r < i+n; r++ {
 				st.at[r] = pad.n
 				if err := pad.copyRow(bt, r, k); err != nil {
@@ -170,13 +201,15 @@ func (st *streams) layout(b *Backend, bt *batch) (*batch, error) {
 			gap++
 		}
 		if (gap-k)*n > gapRows || (hi-lo+1)*n > pad.max {
-			k = gap - 1
+			k, split = gap-1, true
 			continue
 		}
 		pos := st.posMax(mem, k) + 1
 		if pos+n > room {
+			split = true
 			continue
 		}
+		cut()
 		for r := range n {
 			if err := pad.placeholder(k, pos+r); err != nil {
 				return nil, err

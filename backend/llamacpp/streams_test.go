@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"testing"
 
 	"github.com/meshnet/shardd/backend"
@@ -265,6 +266,63 @@ func equalBits(t *testing.T, what string, got, want []float32) {
 	for j := range want {
 		if math.Float32bits(want[j]) != math.Float32bits(got[j]) {
 			t.Fatalf("%s, value %d: %v, want %v", what, j, got[j], want[j])
+		}
+	}
+}
+
+// TestStreamsFailedForwardKeepsOrder: a forward of two sequences on
+// streams too far apart for placeholders, stopped part way (a preemption),
+// leaves both streams as they were: once the caller trims what the
+// forward placed (as the engine does), each sequence's next chunk and
+// decode steps are bitwise what they are alone. (llama.cpp, given such a
+// batch, runs it as two ubatches: it finds slots for both first, and then
+// restores each stream's cell search head from another stream's; a stream
+// whose ubatch never ran kept that head, from where its cells went out of
+// position order, and attention, which sums a row's cells in cell order,
+// computed other bits.)
+func TestStreamsFailedForwardKeepsOrder(t *testing.T) {
+	model, _ := tinyShards(t)
+	together, alone := openStreams(t, model, 8), openStreams(t, model, 8)
+	toks := func(n, base int) []int32 {
+		p := make([]int32, n)
+		for i := range p {
+			p[i] = int32(base + 3*i)
+		}
+		return p
+	}
+	for _, b := range []*Backend{together, alone} {
+		rows(t, b, 0, 0, toks(12, 1)) // stream 0's head ends at 12
+		rows(t, b, 1, 0, toks(4, 2))
+		rows(t, b, 6, 0, toks(4, 3))
+	}
+	bt, _ := together.NewBatch()
+	defer together.FreeBatch(bt)
+	for _, seq := range []int{1, 6} {
+		for j, tok := range toks(5, 5+seq) {
+			if err := bt.AddToken(seq, 4+j, tok, j == 4); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Preempted before it starts: the forward stops in its first ubatch.
+	atomic.StoreInt32(together.enabledWord(), 1)
+	atomic.StoreInt32(together.preemptWord(), 1)
+	var out backend.Output
+	err := together.forward(bt, &out)
+	atomic.StoreInt32(together.enabledWord(), 0)
+	if !errors.Is(err, backend.ErrPreempted) {
+		t.Fatalf("a preempted forward: %v, want ErrPreempted", err)
+	}
+	for _, seq := range []int{1, 6} {
+		if err := together.SeqTrim(seq, 4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, seq := range []int{1, 6} {
+		what := fmt.Sprintf("sequence %d after the preempted forward", seq)
+		equalBits(t, what+", its chunk", rows(t, together, seq, 4, toks(5, 5+seq)), rows(t, alone, seq, 4, toks(5, 5+seq)))
+		for pos := 9; pos < 13; pos++ {
+			equalBits(t, fmt.Sprintf("%s, its step at %d", what, pos), rows(t, together, seq, pos, []int32{int32(pos)}), rows(t, alone, seq, pos, []int32{int32(pos)}))
 		}
 	}
 }

@@ -54,7 +54,8 @@ import (
 // With SHARDD_SOAK_ARGS="--exact --max-sessions 16 --ctx-tokens
 // 4352" the workers run the exact mode and the head replays lost
 // sessions: every completed generation must then be the whole model's
-// (fed in the same shapes) token for token, with no drift allowed.
+// (fed in the same shapes) token for token, and the logits each token was
+// chosen from bit for bit.
 //
 // The figures go to the test log and, with SHARDD_SOAK_DIR, to soak.json
 // there with the workers' logs.
@@ -228,15 +229,35 @@ func openWholeModel(t *testing.T, model string, ctx int) *wholeModel {
 	return w
 }
 
-// greedy returns the whole model's n greedy tokens after prompt.
-func (w *wholeModel) greedy(prompt []int32, n int) ([]int32, error) {
+// greedy returns the whole model's n greedy tokens after prompt and the
+// logits each was chosen from.
+func (w *wholeModel) greedy(prompt []int32, n int) ([]int32, [][]float32, error) {
 	var out []int32
-	err := w.walk(prompt, n, func(_ int, logits []float32) (int32, error) {
-		tok := argmax.Index(logits)
-		out = append(out, tok)
+	var logits [][]float32
+	err := w.walk(prompt, n, func(_ int, l []float32) (int32, error) {
+		tok := argmax.Index(l)
+		out, logits = append(out, tok), append(logits, slices.Clone(l))
 		return tok, nil
 	})
-	return out, err
+	return out, logits, err
+}
+
+// unequalBits returns the first step whose logits are not bitwise
+// want's (-1 when all are) and the largest difference over the steps.
+func unequalBits(seen, want [][]float32) (int, float64) {
+	first, worst := -1, 0.0
+	for i, l := range seen[:min(len(seen), len(want))] {
+		for j, v := range l {
+			if math.Float32bits(v) == math.Float32bits(want[i][j]) {
+				continue
+			}
+			if first < 0 {
+				first = i
+			}
+			worst = max(worst, math.Abs(float64(v-want[i][j])))
+		}
+	}
+	return first, worst
 }
 
 // score feeds prompt and then toks step by step, as a decode would, and
@@ -493,9 +514,9 @@ func TestSoak(t *testing.T) {
 
 	whole := openWholeModel(t, model, 512)
 	prompts := soakPrompts(cfg.Seed, meta.VocabSize)
-	refs := make([][]int32, len(prompts))
+	refs, refLogits := make([][]int32, len(prompts)), make([][][]float32, len(prompts))
 	for i, p := range prompts {
-		if refs[i], err = whole.greedy(p, cfg.MaxTokens); err != nil {
+		if refs[i], refLogits[i], err = whole.greedy(p, cfg.MaxTokens); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -582,7 +603,7 @@ func TestSoak(t *testing.T) {
 		sessions.Go(func() {
 			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(i)+1))
 			for time.Now().Before(end) {
-				soakOne(ctx, rng, head, whole, prompts, refs, cfg.MaxTokens, cfg.Exact, tally)
+				soakOne(ctx, rng, head, whole, prompts, refs, refLogits, cfg.MaxTokens, cfg.Exact, tally)
 			}
 		})
 	}
@@ -693,7 +714,7 @@ func prefixBudget(args []string) int64 {
 // soakOne runs one generation the way rng picks: to the end, stopped
 // early, cancelled, abandoned, or under a short deadline; and checks the
 // tokens of every one that completed.
-func soakOne(ctx context.Context, rng *rand.Rand, head *route.Route, whole *wholeModel, prompts, refs [][]int32, maxTokens int, exact bool, tally *soakTally) {
+func soakOne(ctx context.Context, rng *rand.Rand, head *route.Route, whole *wholeModel, prompts, refs [][]int32, refLogits [][][]float32, maxTokens int, exact bool, tally *soakTally) {
 	pi := rng.IntN(len(prompts))
 	req := route.Request{Prompt: prompts[pi], MaxTokens: 1 + rng.IntN(maxTokens)}
 	kind := "complete"
@@ -748,6 +769,16 @@ func soakOne(ctx context.Context, rng *rand.Rand, head *route.Route, whole *whol
 	tally.add(tally.outcomes, kind+": completed")
 	tally.checked.Add(1)
 	if slices.Equal(got, refs[pi][:len(got)]) {
+		// The exact mode promises the logits too, bit for bit: a
+		// difference too small to flip a token shows here, where the
+		// tokens alone would hide it.
+		if first, worst := unequalBits(seen, refLogits[pi]); exact && (first >= 0 || len(seen) != len(got)) {
+			tally.mu.Lock()
+			tally.wrong = append(tally.wrong, fmt.Sprintf("prompt %d (%d tokens), %s: the whole model's %d tokens, but %d logits rows, not bitwise from step %d on (|route - whole| up to %.3g; recoveries %d, retries %d, failovers %d)",
+				pi, len(prompts[pi]), kind, len(got), len(seen), first, worst, st.Recoveries, st.Retries, len(st.Failovers)))
+			tally.mu.Unlock()
+			return
+		}
 		tally.exact.Add(1)
 		return
 	}
