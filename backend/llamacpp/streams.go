@@ -161,6 +161,13 @@ func (st *streams) layout(b *Backend, bt *batch) (*batch, error) {
 	if steps {
 		st.compact(mem)
 	}
+	return st.pad(b, bt, mem, n)
+}
+
+// pad lays bt's rows, n of each of st.seqs, into the padded batch in
+// stream order, with placeholder rows in the gaps that take them, and
+// records where the forward is cut (cuts).
+func (st *streams) pad(b *Backend, bt *batch, mem C.llama_memory_t, n int) (*batch, error) {
 	lo, hi := len(st.stream), -1
 	for _, s := range st.seqs {
 		lo, hi = min(lo, st.stream[s]), max(hi, st.stream[s])
@@ -195,7 +202,7 @@ func (st *streams) layout(b *Backend, bt *batch) (*batch, error) {
 			continue
 		}
 		// A gap: placeholders when they cost less than a ubatch of its
-		// own (gapRows), else the ubatch splits here (the order holds).
+		// own (gapRows), else the forward is cut here (the order holds).
 		gap := k
 		for gap <= hi && st.bySeq[st.seqOf[gap]] == 0 {
 			gap++
