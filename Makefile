@@ -29,7 +29,7 @@ BENCHCOUNT ?= 6
 
 APT_PKGS := protobuf-compiler chromium unzip
 
-.PHONY: all deps tools llama build-cuda env generate check-generate build test vet unit fuzz fuzz-long soak soak-short bench demo demo-real models pyenv upstream vs-upstream clean
+.PHONY: all deps tools llama build-cuda env generate check-generate build test vet unit fuzz fuzz-long soak soak-short bench demo demo-real models pyenv upstream vs-upstream vs-llama clean
 
 all: build
 
@@ -247,6 +247,12 @@ VSROUNDS ?= 3
 VSTHREADS ?= 1
 vs-upstream: deps llama models upstream
 	@scripts/vs-batched-bench.sh $(CURDIR)/out/vs-upstream/t$(VSTHREADS) $(VSROUNDS) $(VSTHREADS) smollm2 gemma3
+
+## vs-llama: the pinned llama.cpp against upstream's through one C driver
+## linked against each (scripts/llama-vs.sh), VSROUNDS rounds, into
+## out/vs-llama; not part of `make test`.
+vs-llama: deps llama models upstream
+	@scripts/llama-vs.sh $(CURDIR)/out/vs-llama $(VSROUNDS) smollm2 gemma3
 
 ## test: what CI runs.
 test: check-generate vet unit soak-short fuzz

@@ -77,7 +77,7 @@ src=$work/src
 for p in "$root"/scripts/llama-patches/*.patch; do
 	[ -f "$p" ] || continue
 	for rel in $(sed -n 's#^+++ b/\([^[:space:]]*\).*#\1#p' "$p"); do
-		if [ ! -f "$src/$rel" ]; then
+		if [ ! -f "$src/$rel" ] && [ -f "$mod_dir/$rel" ]; then # a new file: the patch creates it
 			mkdir -p "$src/$(dirname "$rel")"
 			cp "$mod_dir/$rel" "$src/$rel"
 			chmod u+w "$src/$rel"
@@ -126,6 +126,23 @@ while IFS='|' read -r dir cfiles cxxfiles pcpp pcf pcxx; do
 		*) cmd="$cxx -I $dir $gccflags $cppflags $pcpp $cxxflags $pcxx" ;;
 		esac
 		printf '%s: %s\n\t%s -c %s -o %s\n' "$obj" "$srcf" "$cmd" "$srcf" "$obj" >>"$mk"
+	done
+	# Sources a patch adds in a new folder under this package's (the
+	# module's nearest folder above them), compiled with its flags.
+	rel=${dir#"$mod_dir"/}
+	for f in $(cd "$src" 2>/dev/null && find "$rel" -mindepth 2 \( -name '*.c' -o -name '*.cpp' \) 2>/dev/null); do
+		[ -f "$mod_dir/$f" ] && continue
+		d=$(dirname "$f")
+		while [ ! -d "$mod_dir/$d" ]; do d=$(dirname "$d"); done
+		[ "$d" = "$rel" ] || continue
+		n=$((n + 1))
+		obj=$work/o$n-$(basename "${f%.*}").o
+		objs+=("$obj")
+		case $f in
+		*.c) cmd="$cc -I $dir -I $src/$(dirname "$f") $gccflags $cppflags $pcpp $cflags $pcf" ;;
+		*) cmd="$cxx -I $dir -I $src/$(dirname "$f") $gccflags $cppflags $pcpp $cxxflags $pcxx" ;;
+		esac
+		printf '%s: %s\n\t%s -c %s -o %s\n' "$obj" "$src/$f" "$cmd" "$src/$f" "$obj" >>"$mk"
 	done
 done < <($GO list -deps -f '{{if or .CFiles .CXXFiles}}{{.Dir}}|{{join .CFiles " "}}|{{join .CXXFiles " "}}|{{join .CgoCPPFLAGS " "}}|{{join .CgoCFLAGS " "}}|{{join .CgoCXXFLAGS " "}}{{end}}' $roots | grep -v '^$' | grep "^$mod_dir/")
 # Largest sources first, so the long compiles do not start last and leave a

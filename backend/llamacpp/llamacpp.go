@@ -234,8 +234,28 @@ func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
 			return nil, err
 		}
 		b.streams = st
+		invariant(+1)
 	}
 	return b, nil
+}
+
+// exactOpen counts the open backends that need batch-invariant forwards
+// (SeparateKV: the exact mode). While there is one, ggml's tiled K-quant
+// matmul is off for the whole process: it takes batches of 8 rows or more
+// and vec_dot fewer, which round differently, so a K-quant model's row
+// would have other bits beside 7 other rows than alone. Elsewhere it stays
+// on: a batch of rows takes the same kernels wherever the same shapes run
+// (a route's shards and the whole model alike).
+var exactOpen struct {
+	sync.Mutex
+	n int
+}
+
+func invariant(d int) {
+	exactOpen.Lock()
+	defer exactOpen.Unlock()
+	exactOpen.n += d
+	C.ggml_cpu_shardd_set_tiled(C.bool(exactOpen.n == 0))
 }
 
 // PinAuto is the default for Config.PinThreads: pin when a forward's
@@ -259,6 +279,7 @@ func (b *Backend) Close() error {
 	if b.streams != nil {
 		b.FreeBatch(b.streams.batch)
 		b.streams = nil
+		invariant(-1)
 	}
 	if b.ctx != nil {
 		C.llama_free(b.ctx)

@@ -3,6 +3,7 @@ package llamacpp
 /*
 #include "ggml.h"
 #include "opprobe.h"
+#include "shim.h"
 */
 import "C"
 
@@ -53,4 +54,15 @@ func probe(op probeOp, wtype int32, n, pos int, layout probeLayout, threads int)
 		return nil, fmt.Errorf("llamacpp: probe of op %d over %d rows failed", op, n)
 	}
 	return out[:got], nil
+}
+
+// withTiled runs f with ggml's tiled K-quant matmul on (as the default mode
+// runs) or off (as the exact mode does), and then as it was.
+func withTiled(on bool, f func()) {
+	exactOpen.Lock()
+	defer exactOpen.Unlock()
+	was := bool(C.ggml_cpu_shardd_tiled())
+	C.ggml_cpu_shardd_set_tiled(C.bool(on))
+	defer C.ggml_cpu_shardd_set_tiled(C.bool(was))
+	f()
 }

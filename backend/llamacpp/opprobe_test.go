@@ -19,6 +19,9 @@ type probeCase struct {
 	// alone: the row among others differs from the row alone; among: the
 	// row differs between batches of two rows or more.
 	alone, among bool
+	// tiled: ggml's tiled K-quant matmul on, as the default mode runs it;
+	// off (as the exact mode runs) for every other case.
+	tiled bool
 	// measured: the row is printed, not pinned. The product relies on
 	// the invariant rows (matmul with the patch, the row-wise operations,
 	// flash attention over cells in order); whether an operation shardd
@@ -37,7 +40,11 @@ type probeCase struct {
 //     of one row to its vec_dot path and two or more to llamafile's sgemm,
 //     which rounds differently (f32, f16, bf16, and on x86 q8_0, q4_0,
 //     q5_0); scripts/llama-patches/sgemm-any-rows.patch takes sgemm for any
-//     number of rows. k-quants and q4_1 take vec_dot whatever the rows.
+//     number of rows. k-quants and q4_1 take vec_dot whatever the rows
+//     while the tiled K-quant matmul (cpu-tiled.patch) is off, as the exact
+//     mode keeps it; on (the default mode), k-quant batches of 8 rows or
+//     more take it and round otherwise (printed: where the CPU has no AVX2
+//     it never runs).
 //   - RMS norm, RoPE, softmax: invariant (row by row).
 //   - Flash attention: invariant when the row's own cells are visited in
 //     the same order, whether other rows' masked cells sit after them or
@@ -59,6 +66,9 @@ func TestOpVariance(t *testing.T) {
 	var cases []probeCase
 	for _, name := range []string{"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_K", "q5_K", "q6_K"} {
 		cases = append(cases, probeCase{name: "matmul " + name, op: probeMatmul, wtype: probeTypes[name]})
+	}
+	for _, name := range []string{"q4_K", "q6_K"} {
+		cases = append(cases, probeCase{name: "matmul " + name + ", tiled kernel on", op: probeMatmul, wtype: probeTypes[name], tiled: true, measured: true})
 	}
 	cases = append(cases,
 		probeCase{name: "rms_norm", op: probeRMSNorm},
@@ -104,7 +114,9 @@ func TestOpVariance(t *testing.T) {
 
 func mustProbe(t *testing.T, c probeCase, n, pos, threads int) []float32 {
 	t.Helper()
-	out, err := probe(c.op, c.wtype, n, pos, c.layout, threads)
+	var out []float32
+	var err error
+	withTiled(c.tiled, func() { out, err = probe(c.op, c.wtype, n, pos, c.layout, threads) })
 	if err != nil {
 		t.Fatal(err)
 	}
