@@ -66,3 +66,6 @@ func withTiled(on bool, f func()) {
 	defer C.ggml_cpu_shardd_set_tiled(C.bool(was))
 	f()
 }
+
+// tiledOn reports whether ggml's tiled K-quant matmul is on.
+func tiledOn() bool { return bool(C.ggml_cpu_shardd_tiled()) }

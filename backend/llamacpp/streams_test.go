@@ -326,3 +326,31 @@ func TestStreamsFailedForwardKeepsOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestExactModeTurnsTiledOff: ggml's tiled K-quant matmul, which rounds
+// otherwise than vec_dot and takes only batches of 8 rows or more, is off
+// while a backend on separate KV streams (the exact mode) is open, and on
+// again once none is.
+func TestExactModeTurnsTiledOff(t *testing.T) {
+	model, _ := tinyShards(t)
+	if !tiledOn() {
+		t.Fatal("the tiled kernel is off with no exact-mode backend open")
+	}
+	open := func() *Backend {
+		b, err := Open(Config{Path: model, Threads: 1, MaxSeqs: 2, CtxTokens: 64, MaxBatch: 16, SeparateKV: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	a, b := open(), open()
+	a.Close()
+	if tiledOn() {
+		t.Fatal("the tiled kernel is on while an exact-mode backend is open")
+	}
+	b.Close()
+	b.Close() // idempotent: counted once
+	if !tiledOn() {
+		t.Fatal("the tiled kernel stayed off after the exact-mode backends closed")
+	}
+}
