@@ -36,9 +36,12 @@
 //	prefill: fewest tokens left first, oldest   -                          -                                    sched/testdata/prefill_shortest_first,
 //	  first once a chunk waited 1 s                                                                             TestPlanPrefillPatience
 //	prefill-only iterations take this many      --prefill-iteration-tokens shardd.batch.rows                    sched/testdata/prefill_shortest_first
-//	short whole prompts waiting outnumber the   --prefill-iteration-tokens -                                    sched/testdata/prompts_outnumber_decoders,
-//	  decoders, or one waited over 1 s: a whole                                                                 sched/testdata/prompt_overdue
-//	  prefill budget beside the decode rows
+//	short whole prompts waiting outnumber the   --prefill-iteration-tokens -                                    sched/testdata/prompts_outnumber_decoders
+//	  decoders: a whole prefill budget beside
+//	  the decode rows
+//	short whole prompts waiting over 1 s: their --prefill-iteration-tokens -                                    sched/testdata/prompt_overdue
+//	  rows beside the decode rows, whatever the
+//	  decode budget
 //	no prefill that would delay a due decode    --decode-quiet             shardd.decode_due.waits              TestPlanWaitsForDueDecode
 //	  step; wait for the step instead
 //	gather: wait until 1/N of the decoding      --decode-groups,           shardd.gather.holds, .held,          TestGatherHolds,

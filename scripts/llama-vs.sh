@@ -32,9 +32,7 @@ cc -O2 -I"$uv/include" -I"$uv/ggml/include" "$src" -o "$out/upstream" "$ub/src/l
   -lstdc++ -lm -lpthread -fopenmp
 models=()
 for m in "$@"; do
-  if [ -f "$m" ]; then models+=("$m"); continue; fi
-  p=$("$here/models.sh" | sed -n "s/^$m //p")
-  [ -n "$p" ] || { echo "llama-vs: unknown model $m" >&2; exit 2; }
+  p=$("$here/model-path.sh" "$m")
   models+=("$p")
 done
 rows="$out/rows.tsv"

@@ -29,9 +29,7 @@ test_bin="$out/bench.test"
 (cd "$root" && go test -c -o "$test_bin" ./bench)
 models=()
 for m in "$@"; do
-  if [ -f "$m" ]; then models+=("$m"); continue; fi
-  p=$("$here/models.sh" | sed -n "s/^$m //p")
-  [ -n "$p" ] || { echo "vs-batched-bench: unknown model $m" >&2; exit 2; }
+  p=$("$here/model-path.sh" "$m")
   models+=("$p")
 done
 rows="$out/rows.tsv"

@@ -234,7 +234,7 @@ func OpenMeta(cfg Config, meta gguf.Meta) (*Backend, error) {
 			return nil, err
 		}
 		b.streams = st
-		invariant(+1)
+		exactBackends(+1)
 	}
 	return b, nil
 }
@@ -251,7 +251,7 @@ var exactOpen struct {
 	n int
 }
 
-func invariant(d int) {
+func exactBackends(d int) {
 	exactOpen.Lock()
 	defer exactOpen.Unlock()
 	exactOpen.n += d
@@ -279,7 +279,7 @@ func (b *Backend) Close() error {
 	if b.streams != nil {
 		b.FreeBatch(b.streams.batch)
 		b.streams = nil
-		invariant(-1)
+		exactBackends(-1)
 	}
 	if b.ctx != nil {
 		C.llama_free(b.ctx)

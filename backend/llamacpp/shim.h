@@ -30,6 +30,7 @@ void shardd_backend_init(int verbose);
 // by default, for every forward of the process: set it, and read it.
 void ggml_cpu_shardd_set_tiled(bool on);
 bool ggml_cpu_shardd_tiled(void);
+
 // shardd_load_model loads path with n_gpu_layers of its layers (more than
 // it has: the output layer too) on GPU device gpu (an index into
 // shardd_gpu_*), and nothing on a device when n_gpu_layers is 0.

@@ -72,7 +72,7 @@ type streams struct {
 	renamedSeq int
 	// cuts lists the rows of the padded batch where a llama_decode of its
 	// own starts: after a gap between its streams, and before a ubatch's
-	// rows (ubatch) would be exceeded. llama.cpp splits a batch whose
+	// rows (Backend.ubatch) would be exceeded. llama.cpp splits a batch whose
 	// streams are not consecutive into ubatches itself, but it first finds
 	// every ubatch's cells and then restores each stream's cell search
 	// head from the wrong stream's (llama_kv_cache::prepare indexes the
@@ -84,9 +84,8 @@ type streams struct {
 	// (TestStreamsFailedForwardKeepsOrder). A llama_decode of one ubatch
 	// is not exposed: its ubatch runs, or its slot search failed and
 	// changed nothing.
-	cuts   []int
-	ubatch int
-	stats  *streamStats
+	cuts  []int
+	stats *streamStats
 }
 
 // streamStats counts placeholder rows run and stream copies made (atomic:
@@ -103,7 +102,7 @@ func newStreams(b *Backend) (*streams, error) {
 	n := b.info.MaxSeqs
 	st := &streams{batch: bb.(*batch), at: make([]int, b.info.MaxBatch), bySeq: make([]int, n),
 		stream: make([]int, n), seqOf: make([]int, n), in: make([]bool, n), outside: make([]uint8, n), full: make([]bool, n),
-		ubatch: b.ubatch, stats: &b.streamStats}
+		stats: &b.streamStats}
 	for s := range n {
 		st.stream[s], st.seqOf[s] = s, s
 	}
@@ -185,7 +184,7 @@ func (st *streams) pad(b *Backend, bt *batch, mem C.llama_memory_t, n int) (*bat
 		if len(st.cuts) > 0 {
 			from = st.cuts[len(st.cuts)-1]
 		}
-		if pad.n > 0 && (split || pad.n-from+n > st.ubatch) {
+		if pad.n > 0 && (split || pad.n-from+n > b.ubatch) {
 			st.cuts = append(st.cuts, pad.n)
 		}
 		split = false
