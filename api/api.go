@@ -81,8 +81,13 @@ type Server struct {
 	// tokMu serializes tokenizing and rendering: cheap next to a
 	// generation, and llama.cpp does not promise them thread-safe.
 	tokMu   sync.Mutex
-	slots   chan struct{} // one per generation in flight
-	queue   chan struct{} // one per request waiting for a slot
+	// places holds one token per admitted request, running or waiting
+	// (MaxInflight + MaxQueue); slots one per generation running. A
+	// request takes its place first and keeps it until its slot is
+	// freed, so a waiting request that moves into a slot never makes
+	// the server look full for a moment.
+	places  chan struct{}
+	slots   chan struct{}
 	m       *metrics
 	handler http.Handler
 }
@@ -107,7 +112,7 @@ func New(cfg Config, gen Generator, vocab Vocab) *Server {
 		cfg.Registry = prometheus.NewRegistry()
 	}
 	s := &Server{cfg: cfg, gen: gen, vocab: vocab,
-		slots: make(chan struct{}, cfg.MaxInflight), queue: make(chan struct{}, cfg.MaxQueue)}
+		places: make(chan struct{}, cfg.MaxInflight+cfg.MaxQueue), slots: make(chan struct{}, cfg.MaxInflight)}
 	s.m = newMetrics(cfg.Registry, cfg)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", s.models)
@@ -196,23 +201,24 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 // answers 429) or the request ended while it waited (err set).
 func (s *Server) admit(ctx context.Context) (release func(), full bool, err error) {
 	select {
+	case s.places <- struct{}{}:
+	default:
+		return nil, true, nil
+	}
+	select {
 	case s.slots <- struct{}{}:
 		s.m.inflight.Inc()
 		return s.release, false, nil
 	default:
 	}
-	select {
-	case s.queue <- struct{}{}:
-	default:
-		return nil, true, nil
-	}
 	s.m.queued.Inc()
-	defer func() { <-s.queue; s.m.queued.Dec() }()
+	defer s.m.queued.Dec()
 	select {
 	case s.slots <- struct{}{}:
 		s.m.inflight.Inc()
 		return s.release, false, nil
 	case <-ctx.Done():
+		<-s.places
 		return nil, false, ctx.Err()
 	}
 }
@@ -220,6 +226,7 @@ func (s *Server) admit(ctx context.Context) (release func(), full bool, err erro
 func (s *Server) release() {
 	s.m.inflight.Dec()
 	<-s.slots
+	<-s.places
 }
 
 // newID is a response id: the prefix and 24 random hex digits.

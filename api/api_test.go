@@ -398,6 +398,33 @@ func TestAdmission(t *testing.T) {
 	waitMetric(t, srv2.URL, `shardd_api_requests_total{endpoint="completions",status="499"} 1`)
 }
 
+// A client that sends its next request when one ends, as many at once as
+// the server runs and queues, is never refused: a generation's slot is
+// free before its answer's end is written (streamed or whole).
+func TestAdmissionBackToBack(t *testing.T) {
+	srv := newTestServer(t, Config{MaxInflight: 1, MaxQueue: 1}, &fakeRoute{})
+	var wg sync.WaitGroup
+	for c := range 2 {
+		wg.Go(func() {
+			for i := range 100 {
+				body := fmt.Sprintf(`{"prompt": "a", "max_tokens": 2, "stream": %v}`, (i+c)%2 == 0)
+				resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Errorf("client %d, request %d: %d", c, i, resp.StatusCode)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // Failures: a worker's refusal is a 502/503 with a message that names no
 // address, and a deadline is 504; requests after them are served.
 func TestFailures(t *testing.T) {

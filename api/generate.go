@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/meshnet/shardd/internal/chat"
@@ -83,6 +84,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool) {
 		fail(http.StatusGatewayTimeout, "timeout_error", "timeout", "", "the request's deadline passed while it was queued")
 		return
 	}
+	release = sync.OnceFunc(release)
 	defer release()
 	s.m.promptTokens.Add(float64(len(ids)))
 
@@ -91,6 +93,11 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool) {
 		text: textOut{stops: req.stops}, promptTokens: len(ids), keepIDs: req.tokenIDs}
 	rq := s.routeRequest(req, ids, plain, &a.ended)
 	st, err := s.gen.Generate(ctx, rq, a.emit)
+	// The generation is over: its slot is free before the client can see
+	// the answer's end, so a client that keeps MaxInflight + MaxQueue
+	// requests going, each sent when the one before it ended, is never
+	// refused.
+	release()
 	switch {
 	case err == nil || errors.Is(err, errStopString):
 		a.finish(a.ended || errors.Is(err, errStopString))
