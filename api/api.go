@@ -80,7 +80,7 @@ type Server struct {
 	vocab Vocab
 	// tokMu serializes tokenizing and rendering: cheap next to a
 	// generation, and llama.cpp does not promise them thread-safe.
-	tokMu   sync.Mutex
+	tokMu sync.Mutex
 	// places holds one token per admitted request, running or waiting
 	// (MaxInflight + MaxQueue); slots one per generation running. A
 	// request takes its place first and keeps it until its slot is
