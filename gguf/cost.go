@@ -10,19 +10,23 @@ import (
 	"github.com/ollama/ollama/fs/ggml"
 )
 
-// Cost is a model's forward work by layer, measured as the bytes of the
-// weight matrices each layer multiplies by (a CPU decode step streams each
-// of them once, so its time grows with them). The token embedding is a row
-// lookup and costs nothing here; the output head (output.weight, or the
-// token embedding when the model ties them) belongs to the last shard.
+// Cost is a model's forward work by layer, in multiply-adds a row: the
+// weights of the matrices each layer multiplies by. A cut only matters
+// when the stages overlap, with many sessions in flight (one stream's
+// token takes every stage in turn, wherever the cut falls), and a forward
+// of many rows is bound by its multiply-adds, not by streaming the weights
+// once: weighed by bytes, SmolLM2's Q8_0 output head counted as 14 of its
+// Q4_1 layers instead of 8, and the cut it gave (0:22 / 22:30) ran 32
+// requests at 0.75x the tokens/s of 0:16 / 16:30 (PERF.md, "The front
+// door"). The token embedding is a row lookup and costs nothing here; the
+// output head (output.weight, or the token embedding when the model ties
+// them) belongs to the last shard.
 type Cost struct {
-	Layers []int64 // matmul weight bytes of each block, by layer
-	Head   int64   // the output head's bytes
-	// PerCell is each layer's attention work for one KV cell a row attends
-	// over, in the same unit: the bytes of as many weights (at the layer's
-	// bytes per weight) as the cell costs multiply-adds. A row's attention
-	// does heads x (key + value length) multiply-adds per cell, a matmul
-	// one per weight. WithKV adds it in.
+	Layers []int64 // matmul weights of each block, by layer
+	Head   int64   // the output head's weights
+	// PerCell is each layer's attention work for one KV cell a row
+	// attends over: heads x (key + value length) multiply-adds. WithKV
+	// adds it in.
 	PerCell []int64
 	// Align is Meta.Align: cuts fall on multiples of it. (A
 	// mixture-of-experts layer counts every expert, though a step reads
@@ -82,7 +86,6 @@ func ReadCost(path string) (Cost, error) {
 		return Cost{}, fmt.Errorf("%w: %v", ErrBadFile, err)
 	}
 	c := Cost{Layers: make([]int64, g.KV().BlockCount()), Align: layerAlign(g.KV().Architecture(), int(g.KV().Uint("attention.sliding_window")))}
-	elems := make([]int64, len(c.Layers)) // weights of each block's matrices
 	var embd int64
 	tied := true
 	for _, t := range g.Tensors().Items() {
@@ -91,15 +94,14 @@ func ReadCost(path string) (Cost, error) {
 		}
 		switch {
 		case t.Name == "output.weight":
-			c.Head, tied = int64(t.Size()), false
+			c.Head, tied = int64(t.Elements()), false
 		case t.Name == "token_embd.weight":
-			embd = int64(t.Size())
+			embd = int64(t.Elements())
 		case strings.HasPrefix(t.Name, "blk."):
 			rest := strings.TrimPrefix(t.Name, "blk.")
 			n, err := strconv.Atoi(rest[:max(strings.IndexByte(rest, '.'), 0)])
 			if err == nil && n >= 0 && n < len(c.Layers) {
-				c.Layers[n] += int64(t.Size())
-				elems[n] += int64(t.Elements())
+				c.Layers[n] += int64(t.Elements())
 			}
 		}
 	}
@@ -108,10 +110,8 @@ func ReadCost(path string) (Cost, error) {
 	kvLen := int64(kv.EmbeddingHeadCountK() + kv.EmbeddingHeadCountV()) // key + value length
 	c.PerCell = make([]int64, len(c.Layers))
 	for i := range c.PerCell {
-		if elems[i] > 0 && i < len(heads) {
-			// heads x (k + v) weights' worth of multiply-adds, at this
-			// layer's bytes per weight.
-			c.PerCell[i] = int64(heads[i]) * kvLen * c.Layers[i] / elems[i]
+		if c.Layers[i] > 0 && i < len(heads) {
+			c.PerCell[i] = int64(heads[i]) * kvLen
 		}
 	}
 	shardNotLast := kv.String(KeySourceDigest) != "" && kv.Uint(KeyEndLayer) != kv.Uint(KeyTotalLayers)

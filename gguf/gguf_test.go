@@ -255,6 +255,33 @@ func TestReadCost(t *testing.T) {
 	}
 }
 
+// The cost is multiply-adds, not bytes: the same shapes at f16 and at
+// q8_0 (about half the bytes) cost the same, so a head stored at more
+// bits than the layers does not pull the cut toward the front.
+func TestCostIsMultiplyAdds(t *testing.T) {
+	var costs []Cost
+	for _, w := range []string{"f16", "q8_0"} {
+		s := Presets["tiny"]
+		s.Weights = w
+		p := filepath.Join(t.TempDir(), w+".gguf")
+		if err := Generate(p, s); err != nil {
+			t.Fatal(err)
+		}
+		c, err := ReadCost(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		costs = append(costs, c)
+	}
+	if a, b := costs[0], costs[1]; !slices.Equal(a.Layers, b.Layers) || a.Head != b.Head || !slices.Equal(a.PerCell, b.PerCell) {
+		t.Fatalf("f16 %+v, q8_0 %+v", a, b)
+	}
+	s := Presets["tiny"]
+	if costs[0].Head != int64(s.Vocab*s.Hidden) {
+		t.Fatalf("head %d, want vocab x hidden = %d", costs[0].Head, s.Vocab*s.Hidden)
+	}
+}
+
 // gemma3 with a sliding window decides each layer's local or global
 // attention (and RoPE base) by its index in the file, in a pattern of 6:
 // shards must start on a multiple of 6, and the even cuts do. (A cut off
@@ -353,8 +380,8 @@ func TestShardsNameTheModelsWeights(t *testing.T) {
 	}
 }
 
-// Attention work per KV cell: heads x (key + value length) weights' worth
-// at the layer's bytes per weight, added to every layer and not the head,
+// Attention work per KV cell: heads x (key + value length) multiply-adds,
+// added to every layer and not the head,
 // so with enough cells in flight the cost-balanced cut moves a layer off
 // the first shard (the bench preset's 0:8 / 8:12 becomes 0:7 / 7:12 at 32
 // sessions of 72 tokens: in BenchmarkRoutePipeline's in-process pipeline
@@ -366,9 +393,11 @@ func TestCostWithKV(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if c.Layers[0] != layerWeights(spec) {
+		t.Fatalf("layer 0: %d multiply-adds a row, want its %d weights", c.Layers[0], layerWeights(spec))
+	}
 	headDim := int64(meta.EmbeddingLen / meta.HeadCount)
-	perWeight := c.Layers[0] / layerWeights(spec)
-	want := int64(meta.HeadCount) * 2 * headDim * perWeight
+	want := int64(meta.HeadCount) * 2 * headDim
 	if len(c.PerCell) != len(c.Layers) || c.PerCell[0] != want {
 		t.Fatalf("per cell %v, want %d for each of %d layers", c.PerCell, want, len(c.Layers))
 	}
@@ -380,7 +409,7 @@ func TestCostWithKV(t *testing.T) {
 		t.Fatalf("with no cells the cost changed")
 	}
 
-	bench := Cost{Layers: slices.Repeat([]int64{12_600_000}, 12), Head: 49_200_000, PerCell: slices.Repeat([]int64{3072}, 12)}
+	bench := Cost{Layers: slices.Repeat([]int64{6_300_000}, 12), Head: 24_600_000, PerCell: slices.Repeat([]int64{1536}, 12)}
 	for cells, want := range map[int]string{0: "[0:8 8:12]", 32 * 72: "[0:7 7:12]"} {
 		if got := fmt.Sprint(BalancedRanges(bench.WithKV(cells), 2)); got != want {
 			t.Errorf("bench preset at %d cells: %s, want %s", cells, got, want)

@@ -109,7 +109,7 @@ func addCutFlags(fs *flag.FlagSet, context string) cutFlags {
 	return cutFlags{
 		rangesFlag: fs.String("ranges", "", context+"comma-separated START:END layer ranges, e.g. 0:8,8:12"),
 		shards:     fs.Int("shards", 0, context+"split into N shards instead (see --by)"),
-		by:         fs.String("by", "layers", "with --shards: 'layers' (near-equal layer counts) or 'cost' (near-equal matmul weight bytes, the output head on the last shard)"),
+		by:         fs.String("by", "layers", "with --shards: 'layers' (near-equal layer counts) or 'cost' (near-equal multiply-adds a row, the output head on the last shard)"),
 		kvCells: fs.Int("kv-cells", 0, "with --by cost: also weigh each layer's attention over this many KV cells, the\n"+
 			"sessions in flight times their full length (e.g. 32 x 72 = 2304); 0 weighs the weights alone"),
 	}
@@ -244,26 +244,26 @@ func runInspect(args []string) error {
 	return nil
 }
 
-// printCost prints what inspect says about compute: the matmul weight
-// bytes (a CPU decode step streams each once), with attention over cells
-// KV cells counted in when cells > 0, and how splits share them.
+// printCost prints what inspect says about compute: the multiply-adds a
+// row (gguf.Cost), with attention over cells KV cells counted in when
+// cells > 0, and how splits share them.
 func printCost(m gguf.Meta, c gguf.Cost, cells int) {
-	mb := func(b int64) string { return fmt.Sprintf("%.1f MB", float64(b)/1e6) }
+	mb := func(b int64) string { return fmt.Sprintf("%.1fM", float64(b)/1e6) }
 	perLayer := (c.Total() - c.Head) / int64(max(len(c.Layers), 1))
-	fmt.Printf("cost:          matmul weights %s: %s per layer, output head %s\n", mb(c.Total()), mb(perLayer), mb(c.Head))
+	fmt.Printf("cost:          multiply-adds a row %s: %s per layer, output head %s\n", mb(c.Total()), mb(perLayer), mb(c.Head))
 	if cells > 0 {
 		w := c.WithKV(cells)
-		fmt.Printf("attention:     over %d KV cells, %s per layer as weights (%.0f%% of the layer's)\n",
+		fmt.Printf("attention:     over %d KV cells, %s per layer (%.0f%% of the layer's weights)\n",
 			cells, mb((w.Total()-w.Head)/int64(max(len(w.Layers), 1))-perLayer), 100*float64(w.Total()-c.Total())/float64(max(c.Total()-c.Head, 1)))
 		c, perLayer = w, (w.Total()-w.Head)/int64(max(len(w.Layers), 1))
 	}
 	if m.IsShard {
 		// The rest of the model is not here: assume its layers weigh as
-		// these do, and a head like the token embedding (vocab x hidden,
-		// 2 bytes) unless this shard holds it.
+		// these do, and a head like the token embedding (vocab x hidden)
+		// unless this shard holds it.
 		head := c.Head
 		if !m.Last() {
-			head = int64(m.VocabSize) * int64(m.EmbeddingLen) * 2
+			head = int64(m.VocabSize) * int64(m.EmbeddingLen)
 		}
 		whole := perLayer*int64(m.Total) + head
 		fmt.Printf("share:         about %.0f%% of the whole model's (if its other layers weigh as these do)\n", 100*float64(c.Total())/float64(whole))
