@@ -40,8 +40,9 @@ type probeCase struct {
 //     of one row to its vec_dot path and two or more to llamafile's sgemm,
 //     which rounds differently (f32, f16, bf16, and on x86 q8_0, q4_0,
 //     q5_0); scripts/llama-patches/sgemm-any-rows.patch takes sgemm for any
-//     number of rows. k-quants and q4_1 take vec_dot whatever the rows
-//     while the tiled K-quant matmul (cpu-tiled.patch) is off, as the exact
+//     number of rows, and sgemm-q4_1.patch adds q4_1 to it (on AVX2; without
+//     AVX2 q4_1 takes vec_dot whatever the rows). k-quants take vec_dot
+//     whatever the rows while the tiled K-quant matmul (cpu-tiled.patch) is off, as the exact
 //     mode keeps it; on (the default mode), k-quant batches of 8 rows or
 //     more take it and round otherwise (printed: where the CPU has no AVX2
 //     it never runs).
@@ -132,4 +133,41 @@ func differing(a, b []float32) int {
 		}
 	}
 	return n
+}
+
+// TestMatmulAccuracy: every quantized matmul path gives the f32 weights'
+// product within its quantization error, for one row (the decode path)
+// and 16 (batched tiles), so a kernel that sums the wrong things (a tile,
+// a block's scale or minimum) fails here even where route and whole model
+// would agree with each other. The relative errors are logged.
+func TestMatmulAccuracy(t *testing.T) {
+	// About twice what this build measured (q8_0 0.005, q4_0 0.062, q4_1
+	// 0.059, q5_0 0.030, q4_K 0.056, q5_K 0.028, q6_K 0.014).
+	limit := map[string]float64{"q8_0": 0.01, "q4_0": 0.12, "q4_1": 0.12, "q5_0": 0.06, "q4_K": 0.11, "q5_K": 0.06, "q6_K": 0.03}
+	for _, rows := range []int{1, 16} {
+		want, err := probe(probeMatmul, probeTypes["f32"], rows, rows/2, probeBlocks, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"q8_0", "q4_0", "q4_1", "q5_0", "q4_K", "q5_K", "q6_K"} {
+			for _, tiled := range []bool{false, true} {
+				var got []float32
+				withTiled(tiled, func() { got, err = probe(probeMatmul, probeTypes[name], rows, rows/2, probeBlocks, 1) })
+				if err != nil {
+					t.Fatal(err)
+				}
+				var diff, norm float64
+				for i := range want {
+					d := float64(got[i] - want[i])
+					diff += d * d
+					norm += float64(want[i]) * float64(want[i])
+				}
+				rel := math.Sqrt(diff / norm)
+				t.Logf("%s, %d rows, tiled %v: relative error %.4f", name, rows, tiled, rel)
+				if !(rel < limit[name]) {
+					t.Errorf("%s, %d rows, tiled %v: relative error %.4f against f32 weights, above %.2f", name, rows, tiled, rel, limit[name])
+				}
+			}
+		}
+	}
 }
