@@ -40,12 +40,12 @@ type probeCase struct {
 //     of one row to its vec_dot path and two or more to llamafile's sgemm,
 //     which rounds differently (f32, f16, bf16, and on x86 q8_0, q4_0,
 //     q5_0); scripts/llama-patches/sgemm-any-rows.patch takes sgemm for any
-//     number of rows, and sgemm-q4_1.patch adds q4_1 to it (on AVX2; without
-//     AVX2 q4_1 takes vec_dot whatever the rows). k-quants take vec_dot
-//     whatever the rows while the tiled K-quant matmul (cpu-tiled.patch) is off, as the exact
-//     mode keeps it; on (the default mode), k-quant batches of 8 rows or
-//     more take it and round otherwise (printed: where the CPU has no AVX2
-//     it never runs).
+//     number of rows, and sgemm-q4_1.patch adds q4_1 to it (on AVX2;
+//     without AVX2 q4_1 takes vec_dot whatever the rows). k-quants take
+//     vec_dot whatever the rows while the tiled K-quant matmul
+//     (cpu-tiled.patch) is off, as the exact mode keeps it; on (the
+//     default mode), k-quant batches of 8 rows or more take it and round
+//     otherwise (printed: where the CPU has no AVX2 it never runs).
 //   - RMS norm, RoPE, softmax: invariant (row by row).
 //   - Flash attention: invariant when the row's own cells are visited in
 //     the same order, whether other rows' masked cells sit after them or
