@@ -406,7 +406,7 @@ func TestAdmissionBackToBack(t *testing.T) {
 	var wg sync.WaitGroup
 	for c := range 2 {
 		wg.Go(func() {
-			for i := range 100 {
+			for i := range 500 {
 				body := fmt.Sprintf(`{"prompt": "a", "max_tokens": 2, "stream": %v}`, (i+c)%2 == 0)
 				resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
 				if err != nil {
