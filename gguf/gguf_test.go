@@ -384,9 +384,9 @@ func TestShardsNameTheModelsWeights(t *testing.T) {
 // added to every layer and not the head, so with enough cells in flight
 // the cost-balanced cut moves a layer off the first shard (the bench
 // preset's 0:8 / 8:12 becomes 0:7 / 7:12 at 32 sessions of 72 tokens: in
-// BenchmarkRoutePipeline's in-process pipeline
-// the stages were busy 0.95 / 0.68-0.69 of the time at the first cut and
-// 0.82-0.83 / 0.88-0.90 at the second).
+// BenchmarkRoutePipeline's in-process pipeline the stages were busy 0.95 /
+// 0.68-0.69 of the time at the first cut and 0.82-0.83 / 0.88-0.90 at the
+// second).
 func TestCostWithKV(t *testing.T) {
 	p, spec, c := tinyCost(t)
 	meta, err := Read(p)

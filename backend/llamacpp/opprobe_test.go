@@ -41,7 +41,9 @@ type probeCase struct {
 //     which rounds differently (f32, f16, bf16, and on x86 q8_0, q4_0,
 //     q5_0); scripts/llama-patches/sgemm-any-rows.patch takes sgemm for any
 //     number of rows, and sgemm-q4_1.patch adds q4_1 to it (on AVX2;
-//     without AVX2 q4_1 takes vec_dot whatever the rows). k-quants take
+//     without AVX2 q4_1 takes vec_dot whatever the rows);
+//     sgemm-vnni-tiles.patch computes the 4-row tiles another way and must
+//     keep their bits, which 16@0 and 32@31 check. k-quants take
 //     vec_dot whatever the rows while the tiled K-quant matmul
 //     (cpu-tiled.patch) is off, as the exact mode keeps it; on (the
 //     default mode), k-quant batches of 8 rows or more take it and round
