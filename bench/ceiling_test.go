@@ -86,6 +86,17 @@ func decodeCeiling(b *testing.B, sessions int) {
 	defer rt.Close()
 
 	prompt := sessionPrompts(promptLen)
+	// Both sides warm up first, as llama-batched-bench does and as a
+	// long-running worker is: a generation of the same shape, 8 tokens
+	// long, on prompts of its own (none of it is a prefix of the measured
+	// prompts). Without it the worker's first op ran with its scheduler's
+	// cost model untrusted (8 forwards), so 16 sessions decoded with no
+	// prompt rows beside them while 15 prompts waited.
+	warm := func(s int) []int32 { return prompt(s + 1000) }
+	if _, _, err := ceilingRun(direct, sessions, 8, 1, warm, nil); err != nil {
+		b.Fatal(err)
+	}
+	generateAll(b, rt, sessions, 8, warm)
 	var inProc, worker, inProcFirst, workerFirst, inProcDecode, workerDecode []float64
 	b.ReportAllocs()
 	for b.Loop() {
