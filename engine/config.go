@@ -53,9 +53,10 @@ type Config struct {
 	// Negative: no time budget, IterationTokens only.
 	DecodeBudget time.Duration
 	// PrefillIterationTokens: the budget of a prefill-only iteration while no
-	// session is decoding, and of the prompt tokens of any iteration while
-	// more whole prompts of at most this many tokens wait than sessions
-	// decode. Larger is better prefill throughput.
+	// session is decoding, and the most tokens of a whole prompt that counts
+	// toward a crowd: while two or more such prompts wait, over two thirds
+	// as many as the sessions decoding, an iteration takes all of them (at
+	// least this many tokens). Larger is better prefill throughput.
 	PrefillIterationTokens int
 	// DecodeQuiet: for this long after a decode step ran, prefill-only
 	// iterations keep the small IterationTokens budget, since another

@@ -111,7 +111,8 @@ type Scheduler struct {
 	// that took rows anyway to measure it again (besideBudget).
 	besideStarved int
 	besideProbes  int64
-	probing       bool // the iteration being planned is a probe
+	probing       bool  // the iteration being planned is a probe
+	crowds        int64 // iterations whose prompt budget a crowd set (crowdTokens)
 	// budgetRuns and budgetHits count iterations with decode rows and
 	// those whose forward kept the decode budget.
 	budgetRuns, budgetHits int64

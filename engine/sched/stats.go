@@ -23,6 +23,7 @@ type Stats struct {
 	// iterations held back for a due decode step, decode iterations that
 	// priced prefill rows again, prefill iterations preempted.
 	BudgetRuns, BudgetHits, DueWaits, BesideProbes, Preemptions int64
+	Crowds                                                      int64         // iterations whose prompt budget a crowd of whole short prompts set
 	BesideRow                                                   time.Duration // the measured price of a prefill row beside decode rows
 	Holds, HoldsExpired                                         int64         // decode iterations that waited for their group; of them, expired
 	Held                                                        time.Duration // time held
@@ -45,7 +46,7 @@ func (s *Scheduler) Stats(st *Stats) {
 		st.CostBase, st.CostPerRow = base, perRow
 	}
 	st.BudgetRuns, st.BudgetHits, st.DueWaits = s.budgetRuns, s.budgetHits, s.dueWaits
-	st.BesideProbes, st.Preemptions = s.besideProbes, s.preemptions
+	st.BesideProbes, st.Preemptions, st.Crowds = s.besideProbes, s.preemptions, s.crowds
 	st.BesideRow = time.Duration(s.besideRow.v)
 	st.Holds, st.HoldsExpired, st.Held = s.gather.holds, s.gather.expired, s.gather.held
 }
