@@ -282,12 +282,14 @@ func TestCostIsMultiplyAdds(t *testing.T) {
 	}
 }
 
-// gemma3 with a sliding window decides each layer's local or global
-// attention (and RoPE base) by its index in the file, in a pattern of 6:
-// shards must start on a multiple of 6, and the even cuts do. (A cut off
-// the pattern changes the logits: verify measured a max |diff| of 0.23 on
-// the generated model when this check was taken out.)
-func TestGemma3CutsOnItsPattern(t *testing.T) {
+// gemma3 with a sliding window has a local/global layer pattern of 6,
+// which the pinned library decides from each layer's index in the whole
+// model (gemma3-shard-pattern.patch reads KeyStartLayer): a shard may
+// start on any layer. Here the cuts are planned and written off the
+// pattern; verify's TestArchitectures splits the generated gemma3 at 9
+// and proves the logits bitwise equal to the whole model's (without the
+// patch a cut off the pattern changed them by up to 0.23).
+func TestGemma3CutsAnywhere(t *testing.T) {
 	dir := t.TempDir()
 	model := filepath.Join(dir, "gemma3.gguf")
 	if err := Generate(model, Presets["tiny"].ForArch("gemma3")); err != nil {
@@ -297,36 +299,21 @@ func TestGemma3CutsOnItsPattern(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if meta.Arch != "gemma3" || meta.Align != 6 || meta.BlockCount != 18 {
+	if meta.Arch != "gemma3" || meta.Align != 1 || meta.BlockCount != 18 {
 		t.Fatalf("meta %+v", meta)
 	}
-	for k, want := range map[int]string{2: "[0:6 6:18]", 3: "[0:6 6:12 12:18]"} {
+	for k, want := range map[int]string{2: "[0:9 9:18]", 4: "[0:4 4:9 9:13 13:18]"} {
 		rs, err := meta.EvenRanges(k)
 		if err != nil || fmt.Sprint(rs) != want {
 			t.Errorf("%d shards: %v %v, want %s", k, rs, err, want)
 		}
 	}
-	if rs, err := meta.EvenRanges(4); err == nil {
-		t.Errorf("4 shards of 18 layers on a pattern of 6: %v", rs)
-	}
-	if _, err := Split(model, []Range{{0, 3}, {3, 18}}, dir, nil); err == nil || !strings.Contains(err.Error(), "multiple of 6") {
-		t.Fatalf("a cut off the pattern: %v", err)
-	}
-	paths, err := Split(model, []Range{{0, 12}, {12, 18}}, dir, nil)
+	paths, err := Split(model, []Range{{0, 3}, {3, 18}}, dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m, err := Read(paths[1]); err != nil || m.Align != 6 || m.Start != 12 {
+	if m, err := Read(paths[1]); err != nil || m.Align != 1 || m.Start != 3 || m.BlockCount != 15 {
 		t.Fatalf("shard %+v %v", m, err)
-	}
-	c, err := ReadCost(model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range BalancedRanges(c, 2) {
-		if r.Start%6 != 0 {
-			t.Fatalf("cost cut %v off the pattern", r)
-		}
 	}
 }
 

@@ -39,17 +39,18 @@ var (
 //   - gemma3: embeddings scaled by sqrt(n_embd) only for token input
 //     (llama.cpp skips the scale for injected states, as a middle shard
 //     needs); post-attention and post-FFN norms; a final logit softcap; and
-//     a local/global layer pattern of period 6, decided by the layer's
-//     index in its file, so a shard must start on a multiple of 6
-//     (SplitAlign; Split refuses other cuts). gemma2 is not supported: its
-//     graph scales injected states too, which no shard could undo exactly.
+//     a local/global layer pattern of period 6, which llama.cpp decides by
+//     the layer's index in its file: the pinned library is patched
+//     (scripts/llama-patches/gemma3-shard-pattern.patch) to count from the
+//     shard's first layer in the whole model (KeyStartLayer), so a shard
+//     may start on any layer. gemma2 is not supported: its graph scales
+//     injected states too, which no shard could undo exactly.
 var SupportedArchs = map[string]bool{"llama": true, "qwen2": true, "qwen3": true, "qwen3moe": true, "phi3": true, "gemma3": true}
 
-// layerAlign is Meta.Align for an architecture and its sliding window.
+// layerAlign is Meta.Align for an architecture and its sliding window: 1
+// for every supported one. (Gemma 3's was its pattern of 6 until the
+// library learnt a shard's first layer.)
 func layerAlign(arch string, window int) int {
-	if arch == "gemma3" && window > 0 {
-		return gemma3Pattern
-	}
 	return 1
 }
 
