@@ -55,17 +55,21 @@ for r in $(seq "$rounds"); do
 done
 python3 - "$rows" <<'EOF'
 import collections, statistics, sys
-v = collections.defaultdict(list)
+v = collections.defaultdict(dict)  # (model, sessions, side) -> round -> (total, decode)
 for line in open(sys.argv[1]):
     r, m, side, n, tot, dec = line.split("\t")
-    v[(m, int(n), side)].append((float(tot), float(dec)))
-print(f"{'model':40} {'sessions':>8} {'upstream tok/s':>16} {'inproc':>16} {'worker':>16} {'inproc/up':>10} {'worker/up':>10}  (total; decode)")
+    v[(m, int(n), side)][r] = (float(tot), float(dec))
+def ratio(m, n, side, i):
+    """The median over rounds of side / upstream, each round's pair."""
+    up, s = v[(m, n, "upstream")], v[(m, n, side)]
+    return statistics.median(s[r][i] / up[r][i] for r in up if r in s)
+print(f"{'model':40} {'sessions':>8} {'upstream tok/s':>16} {'inproc':>16} {'worker':>16} {'inproc/up':>10} {'worker/up':>10}  (total; decode; ratios: medians of each round's)")
 for m, n in sorted({(k[0], k[1]) for k in v}):
-    med = {s: (statistics.median(t for t, _ in v[(m, n, s)]), statistics.median(d for _, d in v[(m, n, s)]))
-           for s in ("upstream", "inproc", "worker") if v[(m, n, s)]}
-    if len(med) < 3:
+    if not all(v[(m, n, s)] for s in ("upstream", "inproc", "worker")):
         continue
+    med = {s: tuple(statistics.median(x[i] for x in v[(m, n, s)].values()) for i in (0, 1))
+           for s in ("upstream", "inproc", "worker")}
     u, i, w = med["upstream"], med["inproc"], med["worker"]
     print(f"{m:40} {n:>8} {u[0]:7.1f}; {u[1]:7.1f} {i[0]:7.1f}; {i[1]:7.1f} {w[0]:7.1f}; {w[1]:7.1f}"
-          f" {i[0]/u[0]:5.2f};{i[1]/u[1]:5.2f} {w[0]/u[0]:5.2f};{w[1]/u[1]:5.2f}")
+          f" {ratio(m, n, 'inproc', 0):5.2f};{ratio(m, n, 'inproc', 1):5.2f} {ratio(m, n, 'worker', 0):5.2f};{ratio(m, n, 'worker', 1):5.2f}")
 EOF
