@@ -53,10 +53,10 @@ type Config struct {
 	// Negative: no time budget, IterationTokens only.
 	DecodeBudget time.Duration
 	// PrefillIterationTokens: the budget of a prefill-only iteration while no
-	// session is decoding, and the most tokens of a whole prompt that counts
-	// toward a crowd: while two or more such prompts wait, over two thirds
-	// as many as the sessions decoding, an iteration takes all of them (at
-	// least this many tokens). Larger is better prefill throughput.
+	// session is decoding, and of the prompt tokens of any iteration while a
+	// crowd of whole prompts of at most this many tokens waits (two or more,
+	// over two thirds as many as the sessions decoding). Larger is better
+	// prefill throughput, and longer decode steps beside a crowd.
 	PrefillIterationTokens int
 	// DecodeQuiet: for this long after a decode step ran, prefill-only
 	// iterations keep the small IterationTokens budget, since another

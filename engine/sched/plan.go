@@ -188,8 +188,8 @@ func (s *Scheduler) gatherDecodes(now time.Time, decodes []*sessQueue) ([]*sessQ
 // iterationBudget is the iteration's token budget, and its time limit when
 // it carries decode steps: the decode rows plus the prefill tokens the cost
 // model predicts fit the decode budget (at least --iteration-tokens), now
-// and then the decode rows alone (to measure them), and every whole short
-// prompt's tokens while they outnumber the sessions decoding (crowdTokens).
+// and then the decode rows alone (to measure them), and a whole prefill
+// budget while a crowd of whole short prompts waits (crowd).
 // wait: hold prefill back for a decode step that is due.
 func (s *Scheduler) iterationBudget(now time.Time, decodes, prefills []*sessQueue) (budget int, limit time.Duration, wait bool) {
 	cfg := &s.cfg
@@ -206,8 +206,8 @@ func (s *Scheduler) iterationBudget(now time.Time, decodes, prefills []*sessQueu
 		if (s.sinceDecodeOnly >= decodeAnchorEvery || !s.decodeOnly.t.ok) && cfg.DecodeBudget == 0 {
 			budget = rows
 		}
-		if n := s.crowdTokens(prefills, len(decodes), now); n > 0 {
-			budget = rows + n
+		if s.crowd(prefills, len(decodes), now) {
+			budget = rows + cfg.PrefillIterationTokens
 		} else if n := s.overdueTokens(prefills, now); rows+n > budget {
 			budget = rows + n
 		}
@@ -225,8 +225,8 @@ func (s *Scheduler) iterationBudget(now time.Time, decodes, prefills []*sessQueu
 // waits for the step, which then runs at once with prefill beside it.
 func (s *Scheduler) budgetBeforeStep(now time.Time, prefills []*sessQueue) (int, bool) {
 	cfg := &s.cfg
-	if n := s.crowdTokens(prefills, 0, now); n > 0 {
-		return n, false
+	if s.crowd(prefills, 0, now) {
+		return cfg.PrefillIterationTokens, false
 	}
 	budget := max(cfg.IterationTokens, s.prefillBeside(s.lastDecodeRows, s.decodeBudget(s.lastDecodeRows)))
 	if n := s.overdueTokens(prefills, now); n > 0 {
@@ -353,51 +353,50 @@ func (s *Scheduler) preemptible(now time.Time, decodes int) bool {
 	return s.finishing() <= s.gather.active(now, time.Second)
 }
 
-// crowdTokens is the prompt budget of an iteration while a crowd of
-// sessions waits for a whole short prompt (one chunk from position 0,
-// final, of at most PrefillIterationTokens tokens): at least two of them,
-// and more than two thirds as many as there are sessions decoding (those
-// with a step in this iteration, decodes, or that completed one within the
-// last second). It is those prompts' tokens together, at least
-// PrefillIterationTokens, whatever the decode budget; 0 without a crowd.
+// crowd reports whether a crowd of sessions waits for a whole short
+// prompt (one chunk from position 0, final, of at most
+// PrefillIterationTokens tokens): at least two of them, and more than two
+// thirds as many as there are sessions decoding (those with a step in
+// this iteration, decodes, or that completed one within the last second).
+// Then an iteration takes PrefillIterationTokens of prompt tokens whatever
+// the decode budget, and the next ones too while a crowd is left.
 //
-// The two thirds weigh one harm against another. Taken in one iteration,
-// the crowd's prompts (time T) make each decoding session's next step T
-// longer, once. Spread beside decode steps within the decode budget
-// (prefill gets a third of each iteration), they take 3T, and a waiting
-// prompt, shortest first, gets its first token about 1.5T later than in
-// one go. The crowd goes whole when its prompts lose more than the
-// decoders: 1.5 x waiting > decoding. (The decoders lose about T either
-// way, spread over steps or at once.) Without it, a few sessions decoding
-// in small, fast batches kept the prompt rows beside them near zero and
-// batches stayed small; and a burst of 32 8-token prompts arriving over
-// the first forwards left 15 waiting beside 17 decoding, which then got a
-// few rows a step until overdue: first tokens at 1.6 s against 0.78 s
-// (Gemma 3, one worker, BenchmarkDecodeCeiling). Every such prompt counts,
-// not only those one iteration would finish, and all of them go in (up to
-// the batch), not one prefill budget's worth: else those left no longer
-// make a crowd and wait the same way. One prompt is not a crowd: beside
-// one decoding session it waits for its step and goes in beside it within
-// the budget. A long prompt streamed in chunks never counts: its chunks
-// take the budget beside the decoding sessions, which the budget is there
-// to protect.
-func (s *Scheduler) crowdTokens(prefills []*sessQueue, decodes int, now time.Time) int {
+// The two thirds weigh one harm against another. Taken at once, the
+// crowd's prompts (time T) make each decoding session's next step T
+// longer. Spread beside decode steps within the decode budget (prefill
+// gets a third of each iteration), they take 3T, and a waiting prompt,
+// shortest first, gets its first token about 1.5T later than at once. So
+// the crowd goes first when 1.5 x waiting > decoding. (The decoders lose
+// about T either way.) Without the rule, a few sessions decoding in
+// small, fast batches kept the prompt rows beside them near zero and
+// batches stayed small. With outnumbering for a crowd, as before, a burst
+// of 32 8-token prompts arriving over the first forwards left 15 waiting
+// beside 17 decoding after one budget, and they got a few rows a step
+// until overdue: first tokens at 1.44-1.63 s against 0.72-0.76 s now
+// (Gemma 3, one worker, BenchmarkDecodeCeiling). One budget an iteration,
+// not every waiting prompt's tokens: that made the decoders' step as long
+// as 512 rows, and ITL p99 at 32 requests of 32-token prompts 1.1-1.4 s
+// against 0.86 s. Every such prompt counts, not only those one iteration
+// would finish. One prompt is not a crowd: beside one decoding session it
+// waits for its step and goes in beside it within the budget. A long
+// prompt streamed in chunks never counts: its chunks take the budget
+// beside the decoding sessions, which the budget is there to protect.
+func (s *Scheduler) crowd(prefills []*sessQueue, decodes int, now time.Time) bool {
 	if s.cfg.Exact || len(prefills) < 2 || 3*len(prefills) <= 2*decodes {
-		return 0
+		return false
 	}
 	decoding := max(decodes, s.gather.active(now, time.Second))
-	first, tokens := 0, 0
+	first := 0
 	for _, q := range prefills {
-		if w := q.items[0]; s.wholeShort(w) {
+		if s.wholeShort(q.items[0]) {
 			first++
-			tokens += w.Tokens - w.Done
 		}
 	}
 	if first < 2 || 3*first <= 2*decoding {
-		return 0
+		return false
 	}
 	s.crowds++
-	return max(tokens, s.cfg.PrefillIterationTokens)
+	return true
 }
 
 // wholeShort reports whether w is a whole short prompt: one chunk from

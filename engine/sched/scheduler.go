@@ -112,7 +112,7 @@ type Scheduler struct {
 	besideStarved int
 	besideProbes  int64
 	probing       bool  // the iteration being planned is a probe
-	crowds        int64 // iterations whose prompt budget a crowd set (crowdTokens)
+	crowds        int64 // iterations whose prompt budget a crowd set (crowd)
 	// budgetRuns and budgetHits count iterations with decode rows and
 	// those whose forward kept the decode budget.
 	budgetRuns, budgetHits int64
