@@ -375,8 +375,8 @@ func (s *Scheduler) preemptible(now time.Time, decodes int) bool {
 // until overdue: first tokens at 1.44-1.63 s against 0.72-0.76 s now
 // (Gemma 3, one worker, BenchmarkDecodeCeiling). One budget an iteration,
 // not every waiting prompt's tokens: that made the decoders' step as long
-// as 512 rows, and ITL p99 at 32 requests of 32-token prompts 1.1-1.4 s
-// against 0.86 s. Every such prompt counts, not only those one iteration
+// as 512 rows, and ITL p99 at 32 requests of 32-token prompts 1.04-1.15 s
+// against 0.76-0.82 s (3 alternating rounds). Every such prompt counts, not only those one iteration
 // would finish. One prompt is not a crowd: beside one decoding session it
 // waits for its step and goes in beside it within the budget. A long
 // prompt streamed in chunks never counts: its chunks take the budget
