@@ -77,6 +77,15 @@ src=$work/src
 for p in "$root"/scripts/llama-patches/*.patch; do
 	[ -f "$p" ] || continue
 	for rel in $(sed -n 's#^+++ b/\([^[:space:]]*\).*#\1#p' "$p"); do
+		# A patched copy of one of the module's headers would reach only the
+		# patched sources beside it: the others find the original first (a
+		# quoted include looks in the including file's folder), so one
+		# build would mix both. New headers are fine.
+		case $rel in *.h | *.hpp) if [ -f "$mod_dir/$rel" ]; then
+			echo "llama-lib: $(basename "$p") changes the module's header $rel: change the sources that use it instead" >&2
+			exit 1
+		fi ;;
+		esac
 		if [ ! -f "$src/$rel" ] && [ -f "$mod_dir/$rel" ]; then # a new file: the patch creates it
 			mkdir -p "$src/$(dirname "$rel")"
 			cp "$mod_dir/$rel" "$src/$rel"
