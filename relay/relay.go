@@ -180,7 +180,11 @@ func (r *Relay) Stats() Stats {
 
 func (r *Relay) init() {
 	r.once.Do(func() {
+		// Under mu too: a reader that holds mu (Stats-like probes, tests)
+		// but has not called init itself is ordered after these writes.
+		r.mu.Lock()
 		r.idle, r.pairs, r.lns = map[string]*nameQueue{}, map[*pair]struct{}{}, map[net.Listener]struct{}{}
+		r.mu.Unlock()
 		r.done = make(chan struct{})
 		if r.WaitTimeout == 0 {
 			r.WaitTimeout = 10 * time.Second
