@@ -180,8 +180,8 @@ func (r *Relay) Stats() Stats {
 
 func (r *Relay) init() {
 	r.once.Do(func() {
-		// Under mu too: a reader that holds mu (Stats-like probes, tests)
-		// but has not called init itself is ordered after these writes.
+		// Under mu too: a reader that holds mu but has not called init
+		// (the tests' probes) is ordered after these writes.
 		r.mu.Lock()
 		r.idle, r.pairs, r.lns = map[string]*nameQueue{}, map[*pair]struct{}{}, map[net.Listener]struct{}{}
 		r.mu.Unlock()

@@ -369,18 +369,19 @@ func (s *Scheduler) preemptible(now time.Time, decodes int) bool {
 // the crowd goes first when 1.5 x waiting > decoding. (The decoders lose
 // about T either way.) Without the rule, a few sessions decoding in
 // small, fast batches kept the prompt rows beside them near zero and
-// batches stayed small. With outnumbering for a crowd, as before, a burst
-// of 32 8-token prompts arriving over the first forwards left 15 waiting
-// beside 17 decoding after one budget, and they got a few rows a step
-// until overdue: first tokens at 1.44-1.63 s against 0.72-0.76 s now
-// (Gemma 3, one worker, BenchmarkDecodeCeiling). One budget an iteration,
-// not every waiting prompt's tokens: that made the decoders' step as long
-// as 512 rows, and ITL p99 at 32 requests of 32-token prompts 1.04-1.15 s
-// against 0.76-0.82 s (3 alternating rounds). Every such prompt counts, not only those one iteration
-// would finish. One prompt is not a crowd: beside one decoding session it
-// waits for its step and goes in beside it within the budget. A long
-// prompt streamed in chunks never counts: its chunks take the budget
-// beside the decoding sessions, which the budget is there to protect.
+// batches stayed small. Were a crowd to outnumber the decoders, a burst of
+// 32 8-token prompts arriving over the first forwards would leave 15
+// waiting beside 17 decoding after one budget, a few rows a step until
+// overdue: the last first token at 1.44-1.63 s against 0.72-0.76 s (Gemma
+// 3, one worker, BenchmarkDecodeCeiling). One budget an iteration, not
+// every waiting prompt's tokens: those made the decoders' step as long as
+// 512 rows, and ITL p99 at 32 requests of 32-token prompts 1.04-1.15 s
+// against 0.76-0.82 s (3 alternating rounds). Every such prompt counts,
+// not only those one iteration would finish. One prompt is not a crowd:
+// beside one decoding session it waits for its step and goes in beside it
+// within the budget. A long prompt streamed in chunks never counts: its
+// chunks take the budget beside the decoding sessions, which the budget is
+// there to protect.
 func (s *Scheduler) crowd(prefills []*sessQueue, decodes int, now time.Time) bool {
 	if s.cfg.Exact || len(prefills) < 2 || 3*len(prefills) <= 2*decodes {
 		return false
