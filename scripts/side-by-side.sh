@@ -5,7 +5,8 @@
 # MODEL: smollm2 or gemma3 (scripts/models.sh). SETUP:
 #   one    one shardd worker (1 thread, CPU 1) behind `shardd api`, against
 #          `llama-server -np 32 -t 1` on CPU 1;
-#   route  a two-worker route (cut by `split --by cost`, 1 thread each,
+#   route  a two-worker route (cut by `split --by cost` unless
+#          SHARDD_SPLIT_ARGS says otherwise, 1 thread each,
 #          CPUs 0 and 1) behind
 #          `shardd api`, against `llama-server --rpc` over two
 #          `ggml-rpc-server -t 1` on CPUs 0 and 1: llama.cpp's own split.
@@ -41,7 +42,10 @@ wait_http() {
 start() { local cpus=$1 log=$2; shift 2; taskset -c "$cpus" "$@" >"$log" 2>&1 & pids+=($!); }
 
 # SHARDD_SERVE_ARGS: more flags for every worker (e.g. --decode-budget 1s).
+# SHARDD_SPLIT_ARGS: the route's cut (default --shards 2 --by cost; e.g.
+# --ranges 0:14,14:18).
 read -ra extra_serve <<<"${SHARDD_SERVE_ARGS:-}"
+read -ra split_args <<<"${SHARDD_SPLIT_ARGS:---shards 2 --by cost}"
 serve_args=(--threads 1 --max-sessions 40 --ctx-tokens $ctx --prefix-cache-bytes 0 "${extra_serve[@]}")
 workers=()
 case $setup in
@@ -55,7 +59,7 @@ one)
   head_cpus=1 bench_cpus=0
   ;;
 route)
-  mapfile -t shards < <("$bin" split --quiet --model "$whole" --shards 2 --by cost --out-dir "$out/shards-$model")
+  mapfile -t shards < <("$bin" split --quiet --model "$whole" "${split_args[@]}" --out-dir "$out/shards-$model")
   for i in 0 1; do
     p=$(free_port); start $i "$out/$model-$setup-worker$i.log" "$bin" serve --model "${shards[$i]}" --listen 127.0.0.1:$p "${serve_args[@]}"
     workers+=(127.0.0.1:$p)
