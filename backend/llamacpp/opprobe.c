@@ -94,16 +94,21 @@ static struct ggml_tensor *attention(struct ggml_context *ctx, int flash, int32_
 
 int32_t shardd_probe(int32_t op, int32_t wtype, int32_t n, int32_t pos, int32_t interleave, int32_t threads,
                      float *out, int32_t cap) {
-    const int64_t K = 768, M = 512;
+    const int64_t K = 768;
+    // The wide matmul's 12,288 x 768 weights are 9.6 MiB in q8_0: sgemm
+    // tiles a matrix that large otherwise than one that may sit in cache
+    // (sgemm-y-q0-one-pass.patch), and its rows must keep their bits too.
+    const int64_t M = op == SHARDD_PROBE_MATMUL_WIDE ? 12288 : 512;
     if (n < 1 || pos < 0 || pos >= n) return -1;
-    struct ggml_init_params p = {(size_t)64 << 20, NULL, false};
+    struct ggml_init_params p = {(size_t)(op == SHARDD_PROBE_MATMUL_WIDE ? 128 : 64) << 20, NULL, false};
     struct ggml_context *ctx = ggml_init(p);
     if (ctx == NULL) return -1;
     struct ggml_tensor *y = NULL;
     int64_t width = 0; // floats of the probed row's result
     float *tmp = NULL;
     switch (op) {
-    case SHARDD_PROBE_MATMUL: {
+    case SHARDD_PROBE_MATMUL:
+    case SHARDD_PROBE_MATMUL_WIDE: {
         tmp = (float *)ggml_new_tensor_1d(ctx, GGML_TYPE_F32, K * M)->data;
         struct ggml_tensor *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, K, n);
         fill_rows(x, K, n, pos);

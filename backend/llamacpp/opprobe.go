@@ -16,12 +16,13 @@ import (
 type probeOp int32
 
 const (
-	probeMatmul    probeOp = C.SHARDD_PROBE_MATMUL
-	probeRMSNorm   probeOp = C.SHARDD_PROBE_RMS_NORM
-	probeRope      probeOp = C.SHARDD_PROBE_ROPE
-	probeSoftmax   probeOp = C.SHARDD_PROBE_SOFTMAX
-	probeAttn      probeOp = C.SHARDD_PROBE_ATTN
-	probeFlashAttn probeOp = C.SHARDD_PROBE_FLASH_ATTN
+	probeMatmul     probeOp = C.SHARDD_PROBE_MATMUL
+	probeRMSNorm    probeOp = C.SHARDD_PROBE_RMS_NORM
+	probeRope       probeOp = C.SHARDD_PROBE_ROPE
+	probeSoftmax    probeOp = C.SHARDD_PROBE_SOFTMAX
+	probeAttn       probeOp = C.SHARDD_PROBE_ATTN
+	probeFlashAttn  probeOp = C.SHARDD_PROBE_FLASH_ATTN
+	probeMatmulWide probeOp = C.SHARDD_PROBE_MATMUL_WIDE
 )
 
 // probeLayout is where the attention probes put each row's KV cells.
@@ -47,7 +48,7 @@ var probeTypes = map[string]int32{
 // measurement behind TestOpVariance (which operations a batch changes).
 func probe(op probeOp, wtype int32, n, pos int, layout probeLayout, threads int) ([]float32, error) {
 	initOnce.Do(func() { backendInit(false) })
-	out := make([]float32, 4096)
+	out := make([]float32, 12288)
 	got := C.shardd_probe(C.int32_t(op), C.int32_t(wtype), C.int32_t(n), C.int32_t(pos), C.int32_t(layout), C.int32_t(threads),
 		(*C.float)(unsafe.Pointer(&out[0])), C.int32_t(len(out)))
 	if got < 0 {

@@ -12,6 +12,7 @@ enum shardd_probe_op {
     SHARDD_PROBE_SOFTMAX = 3,    // soft_max_ext with a causal-style mask
     SHARDD_PROBE_ATTN = 4,       // attention by mul_mat, softmax, mul_mat
     SHARDD_PROBE_FLASH_ATTN = 5, // flash_attn_ext
+    SHARDD_PROBE_MATMUL_WIDE = 6, // mul_mat as 0, weights over 8 MiB in q8_0 (an output head's size)
 };
 
 // Where the attention ops put each row's KV cells.
@@ -23,7 +24,8 @@ enum shardd_probe_layout {
 
 // shardd_probe runs op over n rows of which row pos is the probed one
 // (the same inputs whatever n and pos), on threads threads, and copies the
-// probed row's result to out (at most cap floats). For the attention ops
+// probed row's result to out (at most cap floats; the wide matmul's row is
+// 12,288). For the attention ops
 // each row attends to 40 cells of its own in a KV buffer of 40 x n cells,
 // placed as interleave (a shardd_probe_layout) says. It returns the floats
 // written, or -1.

@@ -43,7 +43,9 @@ type probeCase struct {
 //     number of rows, and sgemm-q4_1.patch adds q4_1 to it (on AVX2;
 //     without AVX2 q4_1 takes vec_dot whatever the rows);
 //     sgemm-vnni-tiles.patch computes the 4-row tiles another way and must
-//     keep their bits, which 16@0 and 32@31 check. k-quants take
+//     keep their bits, which 16@0 and 32@31 check; sgemm-y-q0-one-pass
+//     takes other tiles for 4-8 rows of a matrix over 8 MiB and the
+//     left-over rows in the same pass (the 12,288 x 768 rows). k-quants take
 //     vec_dot whatever the rows while the tiled K-quant matmul
 //     (cpu-tiled.patch) is off, as the exact mode keeps it; on (the
 //     default mode), k-quant batches of 8 rows or more take it and round
@@ -69,6 +71,9 @@ func TestOpVariance(t *testing.T) {
 	var cases []probeCase
 	for _, name := range []string{"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_K", "q5_K", "q6_K"} {
 		cases = append(cases, probeCase{name: "matmul " + name, op: probeMatmul, wtype: probeTypes[name]})
+	}
+	for _, name := range []string{"q8_0", "q4_0", "q5_0"} {
+		cases = append(cases, probeCase{name: "matmul " + name + ", 12,288 x 768", op: probeMatmulWide, wtype: probeTypes[name]})
 	}
 	for _, name := range []string{"q4_K", "q6_K"} {
 		cases = append(cases, probeCase{name: "matmul " + name + ", tiled kernel on", op: probeMatmul, wtype: probeTypes[name], tiled: true, measured: true})
