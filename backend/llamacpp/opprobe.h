@@ -25,10 +25,9 @@ enum shardd_probe_layout {
 // shardd_probe runs op over n rows of which row pos is the probed one
 // (the same inputs whatever n and pos), on threads threads, and copies the
 // probed row's result to out (at most cap floats; the wide matmul's row is
-// 12,288). For the attention ops
-// each row attends to 40 cells of its own in a KV buffer of 40 x n cells,
-// placed as interleave (a shardd_probe_layout) says. It returns the floats
-// written, or -1.
+// 12,288). For the attention ops each row attends to 40 cells of its own
+// in a KV buffer of 40 x n cells, placed as interleave (a
+// shardd_probe_layout) says. It returns the floats written, or -1.
 int32_t shardd_probe(int32_t op, int32_t wtype, int32_t n, int32_t pos, int32_t interleave, int32_t threads,
                      float *out, int32_t cap);
 
