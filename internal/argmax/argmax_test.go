@@ -62,6 +62,60 @@ func TestIndexMatchesReference(t *testing.T) {
 	}
 }
 
+// TestIndexLongRows checks rows long enough for the vector kernels (every
+// length to 300, so every tail past a block of 32, and a few large ones)
+// against the reference, through Index and indexGo alike: values from a few
+// levels (ties within and across blocks), NaN, both zeros and both
+// infinities, and rows where only the tail or nothing but NaN and -Inf
+// holds the answer.
+func TestIndexLongRows(t *testing.T) {
+	t.Logf("AVX2 kernels: %v", haveAVX2)
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	levels := []float32{-inf, -2, float32(math.Copysign(0, -1)), 0, 1, 3, inf}
+	rng := rand.New(rand.NewPCG(5, 6))
+	lengths := []int{1000, 4099, 32000, 49152, 262144}
+	for n := 1; n <= 300; n++ {
+		lengths = append(lengths, n)
+	}
+	check := func(v []float32) {
+		t.Helper()
+		want := reference(v)
+		if got := Index(v); got != want {
+			t.Fatalf("Index over %d values = %d, want %d", len(v), got, want)
+		}
+		if got := indexGo(v); got != want {
+			t.Fatalf("indexGo over %d values = %d, want %d", len(v), got, want)
+		}
+	}
+	for _, n := range lengths {
+		trials := 40
+		if n > 5000 {
+			trials = 4
+		}
+		for range trials {
+			v := make([]float32, n)
+			top := 1 + rng.IntN(len(levels)) // values from levels[:top]
+			for i := range v {
+				v[i] = levels[rng.IntN(top)]
+				if rng.IntN(10) == 0 {
+					v[i] = nan
+				}
+			}
+			check(v)
+			// One larger value anywhere, the tail included.
+			v[rng.IntN(n)] = 1e30
+			check(v)
+			// Nothing but NaN, then a -Inf somewhere.
+			for i := range v {
+				v[i] = nan
+			}
+			check(v)
+			v[rng.IntN(n)] = -inf
+			check(v)
+		}
+	}
+}
+
 // BenchmarkIndex: a 32,000-token row of logits against the one-loop
 // reference, in the same run.
 func BenchmarkIndex(b *testing.B) {
@@ -73,6 +127,11 @@ func BenchmarkIndex(b *testing.B) {
 	b.Run("shardd", func(b *testing.B) {
 		for b.Loop() {
 			Index(v)
+		}
+	})
+	b.Run("go", func(b *testing.B) {
+		for b.Loop() {
+			indexGo(v)
 		}
 	})
 	b.Run("one-loop", func(b *testing.B) {
