@@ -43,6 +43,7 @@ for r in $(seq "$rounds"); do
       for side in pinned upstream upstream-notiled; do
         bin=$out/${side%-notiled} tiled=1
         [ "$side" = upstream-notiled ] && tiled=0
+        cat "$m" >/dev/null # in the page cache for every side (vs-batched-bench.sh says why)
         GGML_CPU_TILED_MM=$tiled taskset -c 1 "$bin" "$m" 32 2 0 "$n" 2>/dev/null | tail -1 |
           awk -v r="$r" -v m="$(basename "$m" .gguf)" -v n="$n" -v s="$side" \
             '{ printf "%s\t%s\t%d\t%s\t%s\t%s\n", r, m, n, s, $5, $11 }' >>"$rows"

@@ -37,12 +37,19 @@ rows="$out/rows.tsv"
 for r in $(seq "$rounds"); do
   for m in "${models[@]}"; do
     name=$(basename "$m" .gguf)
+    # Each side starts with the model in the page cache. A host that runs
+    # DAMON with a pageout scheme (this project's VMs) drops a file's
+    # unmapped pages after a minute cold, so the side that ran first after
+    # the other model's turn read its weights from disk inside its first
+    # timed forward: upstream's one session 37-54 tokens/s across rounds.
+    cat "$m" >/dev/null
     # upstream: | PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | T | S |
     taskset -c $cpus "$up/llama-batched-bench" -m "$m" -t "$threads" -tb "$threads" -c 2400 -b 512 -ub 512 \
       -npp 8 -ntg 64 -npl 1,16,32 >"$out/upstream-$name-$r.log" 2>&1
     awk -F'|' -v r="$r" -v m="$name" 'NF > 10 && $2 ~ /^ *8 *$/ {
       b = $4 + 0; tg = $3 + 0; printf "%s\t%s\tupstream\t%d\t%.1f\t%.1f\n", r, m, b, b * tg / $10, $9 }' \
       "$out/upstream-$name-$r.log" >>"$rows"
+    cat "$m" >/dev/null
     SHARDD_BENCH_MODEL=$m SHARDD_BENCH_THREADS=$threads taskset -c $cpus "$test_bin" -test.run '^$' \
       -test.bench 'DecodeCeiling/sessions=(1|16|32)$' -test.benchtime 1x >"$out/shardd-$name-$r.log" 2>&1
     awk -v r="$r" -v m="$name" '/^BenchmarkDecodeCeiling/ {
