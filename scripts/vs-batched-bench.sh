@@ -41,7 +41,8 @@ for r in $(seq "$rounds"); do
     # DAMON with a pageout scheme (this project's VMs) drops a file's
     # unmapped pages after a minute cold, so the side that ran first after
     # the other model's turn read its weights from disk inside its first
-    # timed forward: upstream's one session 37-54 tokens/s across rounds.
+    # timed forward (upstream's one-session Gemma 3: 47-54 tokens/s so,
+    # 51-62 with the file in the page cache, alternating).
     cat "$m" >/dev/null
     # upstream: | PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | T | S |
     taskset -c $cpus "$up/llama-batched-bench" -m "$m" -t "$threads" -tb "$threads" -c 2400 -b 512 -ub 512 \
