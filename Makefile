@@ -5,19 +5,21 @@ SHELL := /bin/bash
 GO    ?= go
 MODULE := github.com/meshnet/shardd
 
-# llama.cpp and ggml come from the sources in the pinned ollama module. They
-# are compiled once per machine into a static library (scripts/llama-lib.sh,
-# kept beside Go's build cache and shared by every clone) that every
-# Go build mode links: plain, -race and fuzz builds compile only Go and the
-# small shim. -march=native by default; override for portable builds, e.g.
+# llama.cpp and ggml come from the llama.cpp tree of the pinned sdist
+# llama-cpp-python==0.3.36 (October 2026; scripts/llama-sdist.sh fetches it
+# and checks its SHA-256) with scripts/llama-patches applied. They are
+# compiled once per machine with CMake into a static library
+# (scripts/llama-lib.sh, kept beside Go's build cache and shared by every
+# clone) that every Go build mode links: plain, -race and fuzz builds
+# compile only Go and the small shim. -march=native by default; override
+# for portable builds, e.g.
 #   make build MARCH=x86-64-v3
 # V=1 shows the compiler output of that one-time build.
 MARCH ?= native
-LLAMA_MOD := $(shell $(GO) mod download -json github.com/ollama/ollama 2>/dev/null | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$$/\1/p')
-export CGO_CPPFLAGS := -I$(LLAMA_MOD)/llama/llama.cpp/include -I$(LLAMA_MOD)/ml/backend/ggml/ggml/include
 export CGO_CFLAGS   := -O3 -march=$(MARCH)
 export CGO_CXXFLAGS := -O3 -march=$(MARCH)
-LLAMA_DIR := $(shell GO=$(GO) CGO_CPPFLAGS="$(CGO_CPPFLAGS)" CGO_CFLAGS="$(CGO_CFLAGS)" CGO_CXXFLAGS="$(CGO_CXXFLAGS)" scripts/llama-lib.sh --dir)
+LLAMA_DIR := $(shell GO=$(GO) CGO_CPPFLAGS= CGO_CFLAGS="$(CGO_CFLAGS)" CGO_CXXFLAGS="$(CGO_CXXFLAGS)" scripts/llama-lib.sh --dir)
+export CGO_CPPFLAGS := -I$(LLAMA_DIR)/include
 export CGO_LDFLAGS := -L$(LLAMA_DIR)
 LLAMA_LIB := $(LLAMA_DIR)/libshardd_llama.a
 
@@ -27,7 +29,7 @@ FUZZTIME ?= 10s
 FUZZMINIMIZE ?= 10x
 BENCHCOUNT ?= 6
 
-APT_PKGS := protobuf-compiler chromium unzip
+APT_PKGS := protobuf-compiler chromium unzip cmake patch
 
 .PHONY: all deps tools llama build-cuda env generate check-generate build test vet unit fuzz fuzz-long soak soak-short bench demo demo-real models pyenv upstream vs-upstream vs-llama clean
 
@@ -50,7 +52,7 @@ deps:
 ## llama: the llama.cpp library, compiled once per machine (a few minutes on
 ## 2 cores the first time; nothing afterwards).
 llama: $(LLAMA_LIB)
-$(LLAMA_LIB):
+$(LLAMA_LIB): | deps
 	@GO=$(GO) scripts/llama-lib.sh >/dev/null
 
 ## build-cuda: .bin/shardd-cuda, shardd with ggml's CUDA backend beside the

@@ -48,7 +48,7 @@ type Info struct {
 	MaxBatch int
 	Threads  int
 	// Name identifies the backend and its build for the recipe digest and
-	// the capability report, e.g. "llama.cpp/ollama-v0.17.4 cpu".
+	// the capability report, e.g. "llama.cpp/0c1e57098 cpu".
 	Name   string
 	Device string
 	// Kernels are recipe lines ("key=value") that name what chooses the

@@ -16,7 +16,7 @@ import (
 // workers whose recipes differ never share a runtime_recipe_digest, so they
 // refuse each other at open instead of producing silently different tokens.
 type Recipe struct {
-	Backend string // backend and version, e.g. "llama.cpp/ollama-v0.17.4 cpu"
+	Backend string // backend and version, e.g. "llama.cpp/0c1e57098 cpu"
 	// Kernels name what chooses the backend's kernels and their rounding
 	// (backend.Info.Kernels): its build (library version, patches,
 	// compilers, flags, target) and the instruction set ggml's kernels

@@ -14,7 +14,7 @@
 // requires but which are never used, and no tokenizer.
 //
 // Adding an architecture. Read its graph builder in llama.cpp
-// (llama/llama.cpp/src/models/<arch>.cpp in the ollama module) for three
+// (src/models/<arch>.cpp in llama.cpp, scripts/llama-lib.sh's tree) for three
 // things: the residual after each block must be tagged l_out (the capture
 // point); nothing but that residual and each layer's own KV may cross from
 // one layer to the next (no per-model state such as Gemma 3n's AltUp

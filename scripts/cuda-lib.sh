@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # cuda-lib.sh: the CUDA toolkit from PyPI wheels, and ggml's CUDA backend
-# compiled from the pinned ollama module into one static library,
+# compiled from the pinned llama.cpp sources into one static library,
 # libshardd_ggml_cuda.a, for `make build-cuda`.
 #
 #   scripts/cuda-lib.sh --toolkit   fetch the toolkit if missing, print its library folder
@@ -28,7 +28,7 @@
 # KV only. Flags are the CMake build's release flags, with GGML_CUDA_NO_VMM
 # (no link against the driver library, libcuda, which only a machine with a
 # GPU has) and CUDA graphs on. The library lands beside libshardd_llama.a,
-# under $(go env GOCACHE)/shardd-llama/, keyed by the module version, the
+# under $(go env GOCACHE)/shardd-llama/, keyed by the sdist's digest, the
 # sources, the toolkit, the host compiler and every flag.
 set -euo pipefail
 
@@ -50,17 +50,21 @@ if [ -n "${CUDA_HOME:-}" ]; then
 	tk=$CUDA_HOME
 fi
 
-mod_dir=$($GO list -m -f '{{.Dir}}' github.com/ollama/ollama)
-mod_ver=$($GO list -m -f '{{.Version}}' github.com/ollama/ollama)
-ggml=$mod_dir/ml/backend/ggml/ggml
+# ggml-cuda's sources come from the pinned llama.cpp sdist (llama-sdist.sh),
+# as it ships them: shardd's patches touch none of ggml-cuda's files or the
+# headers they include.
+src_ver=$(scripts/llama-sdist.sh --version)
+tarball=$(scripts/llama-sdist.sh)
+ggml_in_tar=$(basename "$tarball" .tar.gz)/vendor/llama.cpp/ggml
+ggml=ggml # the extracted copy, under the work folder when compiling
 cu=$ggml/src/ggml-cuda
+listing=$(tar -tzf "$tarball" "$ggml_in_tar/src/ggml-cuda" | sed "s#^$ggml_in_tar/##")
 
 sources() {
-	ls "$cu"/*.cu
-	ls "$cu"/template-instances/fattn-tile*.cu "$cu"/template-instances/fattn-mma*.cu \
-		"$cu"/template-instances/mmq*.cu "$cu"/template-instances/mmf*.cu 2>/dev/null || true
-	ls "$cu"/template-instances/fattn-vec*q4_0-q4_0.cu "$cu"/template-instances/fattn-vec*q8_0-q8_0.cu \
-		"$cu"/template-instances/fattn-vec*f16-f16.cu 2>/dev/null || true
+	local t=src/ggml-cuda/template-instances
+	echo "$listing" | grep -E "^src/ggml-cuda/[^/]*\.cu\$" || true
+	echo "$listing" | grep -E "^$t/(fattn-tile|fattn-mma|mmq|mmf)[^/]*\.cu\$" || true
+	echo "$listing" | grep -E "^$t/fattn-vec[^/]*(q4_0-q4_0|q8_0-q8_0|f16-f16)\.cu\$" || true
 }
 
 # Checked here, not in gencode: an exit in a command substitution would
@@ -142,11 +146,11 @@ if [ "${ver% *}" -gt 12 ] || { [ "${ver% *}" -eq 12 ] && [ "${ver#* }" -ge 8 ]; 
 fi
 cxx=$($GO env CXX)
 gc=$(gencode)
-# The key is what the objects are made of: the module, the sources, the
+# The key is what the objects are made of: the sdist, the sources, the
 # compiler and host compiler, every flag (not this script's text, so a
 # comment does not cost a 17-minute rebuild).
 key=$( {
-	echo "$mod_ver"
+	echo "$src_ver"
 	sources | xargs -n1 basename
 	"$nvcc" --version | tail -1
 	"$cxx" --version | head -1
@@ -169,7 +173,11 @@ mk=$work/Makefile
 objs=()
 n=0
 # Largest sources first (the template instances are the long compiles).
-for f in $(sources | xargs stat -c '%s %n' | sort -rn | cut -d' ' -f2); do
+mkdir -p "$work/ggml"
+tar -xzf "$tarball" -C "$work/ggml" --strip-components=4 "$ggml_in_tar/include" "$ggml_in_tar/src"
+ggml=$work/ggml
+cu=$ggml/src/ggml-cuda
+for f in $(sources | sed "s#^#$ggml/#" | xargs stat -c '%s %n' | sort -rn | cut -d' ' -f2); do
 	n=$((n + 1))
 	obj=$work/o$n-$(basename "${f%.cu}").o
 	objs+=("$obj")

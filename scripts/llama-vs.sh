@@ -1,30 +1,29 @@
 #!/usr/bin/env bash
-# make vs-llama: the pinned llama.cpp (the ollama module's, as shardd links
-# it, patches included) against October 2026's (scripts/upstream-llama.sh)
-# with one C driver (scripts/llama-vs/decode.c) linked against each, so the
-# figures differ by the library alone: no Go, no scheduler, no benchmark
-# tool of either side (issue 44, "the llama.cpp underneath").
+# make vs-llama: shardd's llama.cpp (the pinned sdist's October 2026 tree
+# as scripts/llama-lib.sh builds it, patches included) against the same
+# tree unpatched as upstream builds it (scripts/upstream-llama.sh), with one
+# C driver (scripts/llama-vs/decode.c) linked against each, so the figures
+# differ by the library alone: no Go, no scheduler, no benchmark tool of
+# either side (issue 44, "the llama.cpp underneath").
 #   llama-vs.sh OUT_DIR ROUNDS MODEL...
 # MODEL: smollm2, gemma3 (scripts/models.sh) or a GGUF path. Per round,
 # model and session count (1, 16), one after the other on CPU 1, 1 thread:
 #   pinned            the project's library
-#   upstream          October's, its defaults
-#   upstream-notiled  October's with its tiled K-quant matmul off
-#                     (GGML_CPU_TILED_MM=0: ggml's vec_dot, as pinned)
-# Weight repacking is off on both sides (the pinned build has none). Prints
+#   upstream          upstream's, its defaults
+#   upstream-notiled  upstream's with its tiled K-quant matmul off
+#                     (GGML_CPU_TILED_MM=0: ggml's vec_dot)
+# Weight repacking is off on both sides (shardd loads without it). Prints
 # the medians of the prompt forward (8 tokens a session) and of a decode
 # step, in process CPU ms, and their ratios to pinned.
 set -euo pipefail
 out=$1 rounds=$2
 shift 2
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/.." && pwd)
 mkdir -p "$out"
 up=$(cd "$("$here/upstream-llama.sh")/../.." && pwd)
 pinned=$("$here/llama-lib.sh")
-mod=$(cd "$root" && go list -m -f '{{.Dir}}' github.com/ollama/ollama)
 src="$here/llama-vs/decode.c"
-cc -O2 -I"$mod/llama/llama.cpp/include" -I"$mod/ml/backend/ggml/ggml/include" "$src" -o "$out/pinned" \
+cc -O2 -I"$pinned/include" "$src" -o "$out/pinned" \
   "$pinned/libshardd_llama.a" -lstdc++ -lm -lpthread
 uv="$up/vendor/llama.cpp" ub="$up/build"
 cc -O2 -I"$uv/include" -I"$uv/ggml/include" "$src" -o "$out/upstream" "$ub/src/libllama.a" "$ub/ggml/src/libggml.a" \

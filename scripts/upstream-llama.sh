@@ -5,18 +5,18 @@
 #   upstream-llama.sh [DIR]   (default: $SHARDD_UPSTREAM, else ~/.cache/shardd/upstream)
 #
 # The llama.cpp tree is the one the PyPI sdist llama-cpp-python==0.3.36
-# vendors (vendor/llama.cpp, October 2026). pip downloads the sdist (no
-# install), the tree is unpacked and built with CMake (Release, -march=native
-# like the project's own library, CPU only, RPC on). A build whose binaries
+# vendors (vendor/llama.cpp, October 2026), as shardd's own library is
+# (scripts/llama-sdist.sh fetches it and checks its digest), here without
+# shardd's patches. The tree is unpacked and built with CMake (Release,
+# -march=native like the project's own library, CPU only, RPC on). A build whose binaries
 # are there is skipped, so a rerun does nothing. Nothing lands in git.
 #
 # Prints the bin directory. Exits non-zero with
 # the error when the sdist cannot be fetched or the build fails.
 set -euo pipefail
 
-version=0.3.36
 dir=${1:-${SHARDD_UPSTREAM:-$HOME/.cache/shardd/upstream}}
-out="$dir/llama-cpp-python-$version"
+out="$dir/$("$(dirname "$0")/llama-sdist.sh" --version | cut -d' ' -f1)" # llama-cpp-python-VERSION
 bin="$out/build/bin"
 targets="llama-server ggml-rpc-server llama-batched-bench llama-bench"
 missing=0
@@ -29,19 +29,13 @@ fi
 if [ -d "$out" ] && [ ! -d "$out.tmp" ]; then
   mv "$out" "$out.tmp"
 fi
-mkdir -p "$dir/sdist"
-if ! ls "$dir/sdist"/llama_cpp_python-$version.tar.gz >/dev/null 2>&1; then
-  echo "upstream: fetching llama-cpp-python==$version (sdist)" >&2
-  python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary=:all: \
-    -d "$dir/sdist" "llama-cpp-python==$version" >&2 || {
-    echo "upstream: could not download the llama-cpp-python==$version sdist with pip; see the error above" >&2; exit 1; }
-fi
+tarball=$(SHARDD_UPSTREAM=$dir "$(dirname "$0")/llama-sdist.sh")
 # An earlier build stopped part way is resumed (CMake rebuilds only what
 # is missing).
 if [ ! -f "$out.tmp/vendor/llama.cpp/CMakeLists.txt" ]; then
   rm -rf "$out.tmp"
   mkdir -p "$out.tmp"
-  tar -xzf "$dir/sdist/llama_cpp_python-$version.tar.gz" -C "$out.tmp" --strip-components=1
+  tar -xzf "$tarball" -C "$out.tmp" --strip-components=1
 fi
 src="$out.tmp/vendor/llama.cpp"
 [ -f "$src/CMakeLists.txt" ] || { echo "upstream: the sdist has no vendor/llama.cpp" >&2; exit 1; }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# make vs-upstream: the pinned llama.cpp (the ollama module's, under
-# shardd's backend) next to October 2026's (llama-cpp-python 0.3.36's
-# vendored tree, scripts/upstream-llama.sh) on the same batched forwards,
-# in interleaved rounds (issue 44).
+# make vs-upstream: shardd (its backend on the pinned llama.cpp, patched)
+# next to upstream's llama-batched-bench built from the same October 2026
+# tree (llama-cpp-python 0.3.36's vendor/llama.cpp, scripts/upstream-llama.sh)
+# on the same batched forwards, in interleaved rounds (issue 44).
 #   vs-batched-bench.sh OUT_DIR ROUNDS THREADS MODEL...
 # MODEL: smollm2, gemma3 (scripts/models.sh) or a GGUF path. Per round and
 # model, one after the other on the same CPUs:

@@ -1,13 +1,14 @@
-// Package llamacpp runs a shard's layer range on llama.cpp, from the sources
-// in github.com/ollama/ollama (pinned at v0.17.4 in go.mod).
+// Package llamacpp runs a shard's layer range on llama.cpp: upstream's
+// tree as the PyPI sdist llama-cpp-python==0.3.36 vendors it (October 2026,
+// commit 0c1e57098), with shardd's patches (scripts/llama-patches).
 //
 // llama.cpp and ggml are compiled once per machine into a static library,
-// libshardd_llama.a, by scripts/llama-lib.sh, which the Makefile runs and
-// points CGO_LDFLAGS at; every Go build mode (plain, -race, fuzz) links that
-// one library instead of recompiling the C++. This package creates the model
-// and context through the C API itself (shim.c), since the parameters it
-// needs (kv_unified, an eval callback) are not in ollama's Go wrapper.
-// Build with `make build`, or export the flags `make env` prints (README).
+// libshardd_llama.a, by scripts/llama-lib.sh (CMake), which the Makefile
+// runs and points CGO_CPPFLAGS / CGO_LDFLAGS at; every Go build mode
+// (plain, -race, fuzz) links that one library instead of recompiling the
+// C++. This package creates the model and context through the C API
+// itself (shim.c). Build with `make build`, or export the flags `make env`
+// prints (README).
 //
 // How a layer range runs (see ../../shared/NOTES-llama.md):
 //   - Input: the first shard takes token ids; the others take hidden states
@@ -43,8 +44,10 @@ import (
 	"github.com/meshnet/shardd/gguf"
 )
 
-// Version names the llama.cpp build for the runtime recipe digest.
-const Version = "llama.cpp/ollama-v0.17.4"
+// Version names the llama.cpp build for the runtime recipe digest: the
+// upstream commit the pinned sdist (llama-cpp-python 0.3.36) vendors. The
+// recipe's build line (Build) adds the sdist's digest and the patches.
+const Version = "llama.cpp/0c1e57098"
 
 // Config sizes the context.
 type Config struct {

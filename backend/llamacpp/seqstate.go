@@ -62,8 +62,9 @@ func (b *Backend) SeqNext(seq int) int {
 
 // SeqInOrder reports how many positions from 0 the state holds in
 // position order (backend.SeqStater). It reads the cells' positions from
-// the state's cell lists, which llama.cpp writes in cache order
-// (llama_kv_cache::state_write: per KV stream a cell count, then each
+// the state's cell lists, which llama.cpp writes in cache order (after
+// the context's magic and sequence id, llama_kv_cache::state_write: per
+// KV stream a cell count, then each
 // cell's position and sequence ids, then the K and V rows of every layer),
 // once for the cache and, on a model with sliding-window layers, once more
 // for their cache. The answer is the smallest over the lists: a list that
@@ -77,10 +78,24 @@ func (b *Backend) SeqInOrder(state []byte) int {
 	return n
 }
 
+// stateMagic opens every sequence state (llama-context.cpp's io_magic),
+// before the sequence id it was saved from and the memory's own layout.
+const stateMagic = 0xaf143cd8
+
+// header reads the state's magic and sequence id, and returns them as
+// they were; ok is false when the magic is not there.
+func (r *stateReader) header() ([]byte, bool) {
+	h := r.take(8)
+	return h, !r.bad && binary.LittleEndian.Uint32(h) == stateMagic
+}
+
 // stateInOrder parses a sequence state (see SeqInOrder); ok is false for
 // bytes that are not one.
 func stateInOrder(state []byte) (int, bool) {
 	r := stateReader{b: state}
+	if _, ok := r.header(); !ok {
+		return 0, false
+	}
 	best, lists := math.MaxInt, 0
 	for len(r.b) > 0 {
 		streams := r.u32()
@@ -186,6 +201,11 @@ func (b *Backend) SeqCut(dst, state []byte, n int) ([]byte, error) {
 // keeping the layout stateInOrder reads.
 func cutState(dst, state []byte, n int32) ([]byte, bool) {
 	r := stateReader{b: state}
+	h, ok := r.header()
+	if !ok {
+		return dst, false
+	}
+	dst = append(dst, h...)
 	for len(r.b) > 0 {
 		streams := r.u32()
 		dst = binary.LittleEndian.AppendUint32(dst, streams)

@@ -94,7 +94,13 @@ struct llama_model *shardd_load_model(const char *path, int32_t n_gpu_layers, in
     p.n_gpu_layers = n_gpu_layers;
     p.split_mode = LLAMA_SPLIT_MODE_NONE;
     p.main_gpu = devs[0] != NULL ? 0 : -1; // -1: no device at all
-    p.use_mmap = true;
+    p.load_mode = LLAMA_LOAD_MODE_MMAP;
+    // No repacked weights (ggml's extra buffer types): October's repacked
+    // K-quant kernels round by batch size, as the tiled kernel does, and
+    // repacking cannot be switched off for the exact mode after a load.
+    // It also keeps the weights in the mapped file, shared by every shard
+    // of the machine that maps it.
+    p.use_extra_bufts = false;
     p.progress_callback = shardd_quiet_progress;
     return llama_model_load_from_file(path, p);
 }
