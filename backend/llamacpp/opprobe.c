@@ -39,11 +39,13 @@ static struct ggml_tensor *weights(struct ggml_context *ctx, enum ggml_type type
 
 // attention builds q [D, n, H], k and v [D, 40 n, H] (f16) and the mask
 // [40 n, n]: row r sees its own 40 cells, in blocks (row r's cells follow
-// row r-1's), interleaved (cell c is row c mod n's), or in blocks with the
+// row r-1's), interleaved (cell c is row c mod n's), in blocks with the
 // probed row's cells in reverse order (what a KV buffer shared by sessions
-// gives a session whose later positions landed in earlier cells).
+// gives a session whose later positions landed in earlier cells), or in
+// blocks followed by 512 cells that no row sees (a row alone in a buffer
+// whose other sessions' cells lie after its own).
 static struct ggml_tensor *attention(struct ggml_context *ctx, int flash, int32_t n, int32_t pos, int32_t interleave) {
-    const int64_t D = 64, H = 4, L = 40, nkv = L * n;
+    const int64_t D = 64, H = 4, L = 40, nkv = L * n + (interleave == SHARDD_PROBE_PADDED ? 512 : 0);
     struct ggml_tensor *q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, D, n, H);
     struct ggml_tensor *k = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, D, nkv, H);
     struct ggml_tensor *v = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, D, nkv, H);
@@ -61,7 +63,7 @@ static struct ggml_tensor *attention(struct ggml_context *ctx, int flash, int32_
     for (int64_t h = 0; h < H; h++) {
         int64_t j = 0;
         for (int64_t c = 0; c < nkv; c++) {
-            int64_t owner = interleave == SHARDD_PROBE_INTERLEAVED ? c % n : c / L;
+            int64_t owner = interleave == SHARDD_PROBE_INTERLEAVED ? c % n : c < L * n ? c / L : -1;
             for (int64_t d = 0; d < D; d++) {
                 float x = 0;
                 if (owner != pos) {
@@ -79,7 +81,7 @@ static struct ggml_tensor *attention(struct ggml_context *ctx, int flash, int32_
     }
     for (int32_t r = 0; r < n; r++) {
         for (int64_t c = 0; c < nkv; c++) {
-            int64_t owner = interleave == SHARDD_PROBE_INTERLEAVED ? c % n : c / L;
+            int64_t owner = interleave == SHARDD_PROBE_INTERLEAVED ? c % n : c < L * n ? c / L : -1;
             ((ggml_fp16_t *)mask->data)[r * nkv + c] = ggml_fp32_to_fp16(owner == r ? 0.0f : -INFINITY);
         }
     }

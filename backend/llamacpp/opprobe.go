@@ -32,6 +32,7 @@ const (
 	probeBlocks      probeLayout = C.SHARDD_PROBE_BLOCKS
 	probeInterleaved probeLayout = C.SHARDD_PROBE_INTERLEAVED
 	probeReversed    probeLayout = C.SHARDD_PROBE_REVERSED
+	probePadded      probeLayout = C.SHARDD_PROBE_PADDED
 )
 
 // probeTypes are the weight types the matmul probe runs, by name.

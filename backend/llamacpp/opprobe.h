@@ -20,6 +20,7 @@ enum shardd_probe_layout {
     SHARDD_PROBE_BLOCKS = 0,      // row r's 40 cells after row r-1's
     SHARDD_PROBE_INTERLEAVED = 1, // cell c belongs to row c mod n
     SHARDD_PROBE_REVERSED = 2,    // blocks, the probed row's in reverse order when n > 1
+    SHARDD_PROBE_PADDED = 3,      // blocks, then 512 cells no row sees
 };
 
 // shardd_probe runs op over n rows of which row pos is the probed one

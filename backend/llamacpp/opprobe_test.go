@@ -9,7 +9,7 @@ import (
 
 // probeShapes are the (rows, probed row) pairs each operation runs, beside
 // the row alone.
-var probeShapes = [][2]int{{2, 0}, {2, 1}, {3, 2}, {4, 3}, {8, 5}, {16, 0}, {17, 16}, {32, 31}}
+var probeShapes = [][2]int{{2, 0}, {2, 1}, {3, 2}, {4, 3}, {8, 5}, {16, 0}, {17, 16}, {32, 31}, {64, 63}}
 
 type probeCase struct {
 	name   string
@@ -53,7 +53,11 @@ type probeCase struct {
 //   - RMS norm, RoPE, softmax: invariant (row by row).
 //   - Flash attention: invariant when the row's own cells are visited in
 //     the same order, whether other rows' masked cells sit after them or
-//     between them (a masked cell is skipped); not, on the CPUs measured,
+//     between them (a masked cell is skipped), 64 rows included (64@63)
+//     and a row alone among 512 cells it does not see: October's
+//     llama.cpp takes a tiled path for 64 query rows or more and splits
+//     the cells of a lone row over 512 by thread, both rounding otherwise,
+//     which cpu-fa-one-path.patch turns off. Not, on the CPUs measured,
 //     when the row's cells come in another order (its running softmax sums
 //     in cell order), which is what a KV buffer shared by sessions does to
 //     a session whose later positions land in earlier cells. So the exact
@@ -86,6 +90,7 @@ func TestOpVariance(t *testing.T) {
 		probeCase{name: "attention, cells interleaved", op: probeAttn, layout: probeInterleaved, measured: true},
 		probeCase{name: "flash attention, cells in blocks", op: probeFlashAttn},
 		probeCase{name: "flash attention, cells interleaved", op: probeFlashAttn, layout: probeInterleaved},
+		probeCase{name: "flash attention, 512 unseen cells", op: probeFlashAttn, layout: probePadded},
 		probeCase{name: "flash attention, own cells reversed", op: probeFlashAttn, layout: probeReversed, measured: true},
 	)
 	var table strings.Builder
