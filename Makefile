@@ -241,8 +241,8 @@ pyenv: deps
 upstream: deps
 	@scripts/upstream-llama.sh
 
-## vs-upstream: the pinned llama.cpp under shardd's backend (in the process
-## and through one worker) against upstream's llama-batched-bench on the
+## vs-upstream: shardd's backend (in the process and through one worker)
+## against upstream's llama-batched-bench, built from the same tree, on the
 ## same batches, VSROUNDS interleaved rounds with VSTHREADS threads, into
 ## out/vs-upstream (scripts/vs-batched-bench.sh); not part of `make test`.
 VSROUNDS ?= 3
@@ -250,8 +250,9 @@ VSTHREADS ?= 1
 vs-upstream: deps llama models upstream
 	@scripts/vs-batched-bench.sh $(CURDIR)/out/vs-upstream/t$(VSTHREADS) $(VSROUNDS) $(VSTHREADS) smollm2 gemma3
 
-## vs-llama: the pinned llama.cpp against upstream's through one C driver
-## linked against each (scripts/llama-vs.sh), VSROUNDS rounds, into
+## vs-llama: shardd's patched llama.cpp against upstream's unpatched build
+## of the same tree through one C driver linked against each
+## (scripts/llama-vs.sh), VSROUNDS rounds, into
 ## out/vs-llama; not part of `make test`.
 vs-llama: deps llama models upstream
 	@scripts/llama-vs.sh $(CURDIR)/out/vs-llama $(VSROUNDS) smollm2 gemma3
