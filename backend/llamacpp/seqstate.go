@@ -62,14 +62,14 @@ func (b *Backend) SeqNext(seq int) int {
 
 // SeqInOrder reports how many positions from 0 the state holds in
 // position order (backend.SeqStater). It reads the cells' positions from
-// the state's cell lists, which llama.cpp writes in cache order (after
-// the context's magic and sequence id, llama_kv_cache::state_write: per
-// KV stream a cell count, then each
-// cell's position and sequence ids, then the K and V rows of every layer),
-// once for the cache and, on a model with sliding-window layers, once more
-// for their cache. The answer is the smallest over the lists: a list that
-// lacks position 0 (a sliding-window cache that dropped its oldest cells)
-// gives 0, since the order its cells were summed in is no longer known.
+// the state's cell lists, which llama.cpp writes in cache order after the
+// context's magic and sequence id (llama_kv_cache::state_write: per KV
+// stream a cell count, then each cell's position and sequence ids, then
+// the K and V rows of every layer), once for the cache and, on a model
+// with sliding-window layers, once more for their cache. The answer is
+// the smallest over the lists: a list that lacks position 0 (a
+// sliding-window cache that dropped its oldest cells) gives 0, since the
+// order its cells were summed in is no longer known.
 func (b *Backend) SeqInOrder(state []byte) int {
 	n, ok := stateInOrder(state)
 	if !ok {

@@ -128,6 +128,14 @@ func TestSeqInOrder(t *testing.T) {
 	if n := b.SeqInOrder(entry); n != 8 || len(entry) >= len(state) {
 		t.Fatalf("the cut state: %d positions in order, %d bytes of %d", n, len(entry), len(state))
 	}
+	// Without llama.cpp's header (magic, sequence id) the bytes are no
+	// state: refused, not parsed from the wrong offset.
+	if n, ok := stateInOrder(state[8:]); ok || n != 0 {
+		t.Fatalf("a state without its header: %d positions in order, ok %v", n, ok)
+	}
+	if _, err := b.SeqCut(nil, state[8:], 8); err == nil {
+		t.Fatal("SeqCut took a state without its header")
+	}
 	if err := b.SeqTrim(1, 0); err != nil {
 		t.Fatal(err)
 	}
