@@ -24,8 +24,8 @@
 #
 # The sources are ggml-cuda's own list (its CMakeLists.txt): every *.cu, and
 # of the template instances the flash-attention tiles and MMA kernels, the
-# quantized matmuls, and the vector flash attention for f16, q4_0 and q8_0
-# KV only. Flags are the CMake build's release flags, with GGML_CUDA_NO_VMM
+# quantized matmuls, and the vector flash attention for f16, bf16, q4_0 and
+# q8_0 KV only. Flags are the CMake build's release flags, with GGML_CUDA_NO_VMM
 # (no link against the driver library, libcuda, which only a machine with a
 # GPU has) and CUDA graphs on. The library lands beside libshardd_llama.a,
 # under $(go env GOCACHE)/shardd-llama/, keyed by the sdist's digest, the
@@ -60,11 +60,24 @@ ggml=ggml # the extracted copy, under the work folder when compiling
 cu=$ggml/src/ggml-cuda
 listing=$(tar -tzf "$tarball" "$ggml_in_tar/src/ggml-cuda" | sed "s#^$ggml_in_tar/##")
 
+# The vector flash attention's K-V type pairs, as ggml's CMake compiles
+# them by default (GGML_CUDA_FA_QUANTS); fattn.cu reads, for every pair of
+# its types, GGML_CUDA_FA_<K>_<V>: 1 for these, 0 for the others.
+fa_pairs="q4_0-q4_0 q8_0-q8_0 f16-f16 bf16-bf16"
+fa_defs=""
+for v in q4_0 q4_1 q5_0 q5_1 q8_0 bf16 f16; do
+	for k in q4_0 q4_1 q5_0 q5_1 q8_0 bf16 f16; do
+		on=0
+		case " $fa_pairs " in *" $k-$v "*) on=1 ;; esac
+		fa_defs="$fa_defs -DGGML_CUDA_FA_$(echo "${k}_$v" | tr '[:lower:]' '[:upper:]')=$on"
+	done
+done
+
 sources() {
 	local t=src/ggml-cuda/template-instances
 	echo "$listing" | grep -E "^src/ggml-cuda/[^/]*\.cu\$" || true
 	echo "$listing" | grep -E "^$t/(fattn-tile|fattn-mma|mmq|mmf)[^/]*\.cu\$" || true
-	echo "$listing" | grep -E "^$t/fattn-vec[^/]*(q4_0-q4_0|q8_0-q8_0|f16-f16)\.cu\$" || true
+	echo "$listing" | grep -E "^$t/fattn-vec-instance-(${fa_pairs// /|})\.cu\$" || true
 }
 
 # Checked here, not in gencode: an exit in a command substitution would
@@ -88,7 +101,7 @@ tklib() {
 	if [ -d "$tk/lib64" ]; then echo "$tk/lib64"; else echo "$tk/lib"; fi
 }
 
-defs="-DNDEBUG -DGGML_USE_CUDA -DGGML_CUDA_NO_VMM -DGGML_CUDA_USE_GRAPHS -DGGML_CUDA_PEER_MAX_BATCH_SIZE=128 -DGGML_VERSION=0x0 -DGGML_COMMIT=0x0"
+defs="-DNDEBUG -DGGML_USE_CUDA -DGGML_CUDA_NO_VMM -DGGML_CUDA_USE_GRAPHS -DGGML_CUDA_PEER_MAX_BATCH_SIZE=128 -DGGML_VERSION=0x0 -DGGML_COMMIT=0x0$fa_defs"
 nvflags="-O3 -std=c++17 -use_fast_math -extended-lambda -Xcompiler -fPIC,-Wno-pedantic"
 
 if [ "${1:-}" = --dry-run ]; then
