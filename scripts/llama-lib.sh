@@ -86,15 +86,15 @@ tar -xzf "$tarball" -C "$tree" --strip-components=3 "${parts[@]/#/$top/vendor/ll
 # stops the build as a failure does.
 for p in "$root"/scripts/llama-patches/*.patch; do
 	[ -f "$p" ] || continue
-	if ! (cd "$tree" && git apply --check "$p" 2>/dev/null); then
+	if ! dry=$(cd "$tree" && patch -p1 --dry-run -F0 <"$p" 2>&1); then
 		echo "llama-lib: $(basename "$p") no longer applies to ${sdist% *}'s llama.cpp: update it for the new sources" >&2
 		exit 1
 	fi
-	if moved=$(cd "$tree" && patch -p1 --dry-run -F0 <"$p" | grep -E 'offset|fuzz'); then
+	if moved=$(echo "$dry" | grep -E 'offset|fuzz'); then
 		echo "llama-lib: $(basename "$p") applies only elsewhere than it says ($moved): check where it lands, then update it" >&2
 		exit 1
 	fi
-	(cd "$tree" && git apply "$p")
+	(cd "$tree" && patch -p1 -F0 -s <"$p")
 done
 
 # The build's line of the runtime recipe (engine.Recipe), compiled into the

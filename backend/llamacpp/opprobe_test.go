@@ -53,11 +53,11 @@ type probeCase struct {
 //   - RMS norm, RoPE, softmax: invariant (row by row).
 //   - Flash attention: invariant when the row's own cells are visited in
 //     the same order, whether other rows' masked cells sit after them or
-//     between them (a masked cell is skipped), 64 rows included (64@63)
-//     and a row alone among 512 cells it does not see: October's
-//     llama.cpp takes a tiled path for 64 query rows or more and splits
-//     the cells of a lone row over 512 by thread, both rounding otherwise,
-//     which cpu-fa-one-path.patch turns off. Not, on the CPUs measured,
+//     between them (a masked cell is skipped), and for a row alone among
+//     512 cells it does not see. 64 rows included (64@63): October's
+//     llama.cpp takes a tiled path for 64 query rows or more, which
+//     rounds otherwise (256 of 256 floats) until cpu-fa-one-path.patch
+//     turns it off. Not, on the CPUs measured,
 //     when the row's cells come in another order (its running softmax sums
 //     in cell order), which is what a KV buffer shared by sessions does to
 //     a session whose later positions land in earlier cells. So the exact
