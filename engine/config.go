@@ -64,11 +64,12 @@ type Config struct {
 	// iteration. Cover the time a step takes to come back around the route.
 	DecodeQuiet time.Duration
 	// DecodeGroups: a decode iteration waits (up to GatherWindow) until
-	// this share of the decoding sessions, 1/DecodeGroups, has its step
-	// queued, so the sessions move in that many groups; set it to the
-	// route's stage count so every stage computes at once. Above 1, an
-	// iteration also takes no more than that share of the decode steps
-	// (the earliest first), so uneven groups even out. 0: 1 on a worker
+	// this share of the decoding sessions, 1/DecodeGroups rounded down
+	// (the smaller group when the count is odd), has its step queued, so
+	// the sessions move in that many groups; set it to the route's stage
+	// count so every stage computes at once. Above 1, an iteration also
+	// takes no more than that share rounded up of the decode steps (the
+	// earliest first), so uneven groups even out. 0: 1 on a worker
 	// that holds the whole model (one batch of every decoding session),
 	// 2 on a shard. Negative: no waiting, an iteration starts with what
 	// has arrived.

@@ -1,9 +1,6 @@
 package sched
 
-import (
-	"math"
-	"time"
-)
+import "time"
 
 // gatherer decides when a decode iteration waits for more decode steps.
 //
@@ -143,9 +140,12 @@ func (g *gatherer) active(now time.Time, window time.Duration) int {
 // bounds a hold by half of predict(the rows it waits for), and with no
 // prediction yet it does not hold.
 func (g *gatherer) hold(now time.Time, ready, decoding, groups int, window time.Duration, predict func(rows int) (time.Duration, bool)) time.Duration {
+	// The smaller group's size: with an odd count (31 of 2 groups: 15
+	// and 16) a share rounded up is one more than the smaller group can
+	// ever gather, and it held its window every trip round each hop.
 	need := 0
 	if groups > 0 {
-		need = int(math.Ceil(float64(decoding) / float64(groups)))
+		need = decoding / groups
 	}
 	if ready == 0 || ready >= need {
 		g.end(now, false)

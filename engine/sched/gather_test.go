@@ -64,6 +64,32 @@ func TestGatherHolds(t *testing.T) {
 	}
 }
 
+// With an odd count of decoding sessions the groups differ by one (31 in
+// 2 groups: 15 and 16): the smaller one runs as soon as it is all there,
+// rather than waiting its window every trip for a 16th that is in the
+// other group. Three sessions in 2 groups: the lone one runs at once.
+func TestGatherOddGroups(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	predict := func(rows int) (time.Duration, bool) { return time.Duration(10+rows) * time.Millisecond, true }
+	var g gatherer
+	for _, c := range []struct {
+		decoding, ready, groups int
+		hold                    bool
+	}{
+		{31, 15, 2, false},
+		{31, 14, 2, true},
+		{32, 15, 2, true},
+		{3, 1, 2, false},
+		{33, 11, 3, false},
+		{33, 10, 2, true},
+	} {
+		g.end(t0, false)
+		if got := g.hold(t0, c.ready, c.decoding, c.groups, 0, predict) > 0; got != c.hold {
+			t.Errorf("%d decoding in %d groups, %d ready: held %v, want %v", c.decoding, c.groups, c.ready, got, c.hold)
+		}
+	}
+}
+
 // Sessions stop counting as decoding when released or quiet for longer
 // than the quiet time; one decoding session never waits.
 func TestGatherDecodingSessions(t *testing.T) {
