@@ -53,7 +53,8 @@ type probeCase struct {
 //   - RMS norm, RoPE, softmax: invariant (row by row).
 //   - Flash attention: invariant when the row's own cells are visited in
 //     the same order, whether other rows' masked cells sit after them or
-//     between them (a masked cell is skipped), and for a row alone among
+//     between them (a masked cell is skipped; cpu-fa-skip-hidden.patch
+//     skips runs of them 16 or 32 at a time), and for a row alone among
 //     512 cells it does not see. 64 rows included (64@63): October's
 //     llama.cpp takes a tiled path for 64 query rows or more, which
 //     rounds otherwise (256 of 256 floats) until cpu-fa-one-path.patch
