@@ -109,7 +109,11 @@
 // goroutine, takes in submitted work and control operations, runs the one
 // forward (the only call that waits), appends the rows' outputs to their
 // items (output.go), carries out the effects (apply) and publishes the
-// state's figures to the metrics. The engine's own scripts
+// state's figures to the metrics. It holds the state's lock (schedMu)
+// except while it waits, on its channels or on the forward; a stream's
+// Open reads admission under that lock instead of queueing behind the
+// forward, and an in-stream Release is posted without being waited for
+// (an open that would be refused looks again behind it). The scripts
 // (script_test.go) drive the driver the same way over a fake backend.
 //
 // Cache semantics are checked when work is dequeued, against the session

@@ -51,6 +51,8 @@ func (d *driver) init(e *Engine) error {
 func (d *driver) run() {
 	e, s := d.e, d.s
 	defer close(e.stopped)
+	e.schedMu.Lock()
+	defer e.schedMu.Unlock()
 	sweep := time.NewTicker(time.Second)
 	defer sweep.Stop()
 	hold := time.NewTimer(time.Hour)
@@ -62,15 +64,30 @@ func (d *driver) run() {
 				hold.Reset(time.Until(wake))
 				woke = hold.C
 			}
+			var (
+				w           *work
+				op          func()
+				swept, stop bool
+			)
+			e.schedMu.Unlock()
 			select {
-			case w := <-e.submitQ:
-				s.Enqueue(&w.Item, d.clock())
-			case op := <-e.control:
-				d.runOp(op)
+			case w = <-e.submitQ:
+			case op = <-e.control:
 			case <-sweep.C:
-				d.sweep()
+				swept = true
 			case <-woke:
 			case <-e.stop:
+				stop = true
+			}
+			e.schedMu.Lock()
+			switch {
+			case w != nil:
+				s.Enqueue(&w.Item, d.clock())
+			case op != nil:
+				d.runOp(op)
+			case swept:
+				d.sweep()
+			case stop:
 				d.shutdown()
 				return
 			}
@@ -169,6 +186,8 @@ func (d *driver) forward(fp sched.Forward) (time.Duration, error) {
 		}
 	}
 	var err error
+	// The state is not touched while the backend runs: open may read it.
+	d.e.schedMu.Unlock()
 	start := time.Now()
 	if pb, ok := d.be.(backend.Preemptible); ok && fp.Preemptible {
 		err = pb.ForwardPreemptible(d.batch, &d.out)
@@ -176,6 +195,7 @@ func (d *driver) forward(fp sched.Forward) (time.Duration, error) {
 		err = d.be.Forward(d.batch, &d.out)
 	}
 	took := time.Since(start)
+	d.e.schedMu.Lock()
 	d.stats.Busy += took
 	return took, err
 }

@@ -64,6 +64,13 @@ type Engine struct {
 	// and the driver that runs the backend.
 	sched *sched.Scheduler
 	drv   driver
+	// schedMu is held by the scheduler goroutine except while it waits:
+	// on its channels, or on a forward. open takes it to read admission
+	// without waiting out a forward; nothing else touches sched.
+	schedMu sync.Mutex
+	// releasing counts in-stream releases posted and not yet applied
+	// (open looks again behind them before it refuses).
+	releasing atomic.Int32
 }
 
 // New creates an engine over a loaded backend and runs the capability
@@ -153,6 +160,14 @@ func (e *Engine) Close() {
 	e.obs.stopRecorder()
 	e.recv.Close()
 	e.framer.Close()
+}
+
+// post queues op for the scheduler goroutine without waiting for it.
+func (e *Engine) post(op func()) {
+	select {
+	case e.control <- func() { op(); e.drv.settle(0) }:
+	case <-e.stopped:
+	}
 }
 
 // do runs op on the scheduler goroutine and waits for it.

@@ -58,7 +58,9 @@ func newScript(t *testing.T, cfg Config, edit func(*backend.Info)) *script {
 	if err := sc.d.init(e); err != nil {
 		t.Fatal(err)
 	}
+	e.schedMu.Lock() // the script is the scheduler goroutine
 	t.Cleanup(func() {
+		defer e.schedMu.Unlock()
 		sc.d.shutdown()
 		for _, st := range sc.streams {
 			st.close()

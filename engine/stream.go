@@ -366,15 +366,22 @@ func (e *Engine) open(st *stream, o *shardv1.SessionOpen) (*shardv1.SessionAccep
 	}
 	st.id = strings.Clone(o.RouteSessionId)
 	st.epoch = o.RouteEpoch
-	var admitErr error
-	if err := e.do(st.ctx, func() {
-		if err := e.sched.Store().CheckEpoch(st.id, st.epoch); err != nil {
-			admitErr = err
-		} else if !e.sched.Store().CanAdmit(st.id) {
-			admitErr = ErrNoSession
+	// Admission is read under the state's lock, not on the scheduler
+	// goroutine, so a new session does not wait out a forward in progress.
+	select {
+	case <-e.stopped:
+		return nil, ErrCancelled
+	default:
+	}
+	e.schedMu.Lock()
+	admitErr := e.admits(st)
+	e.schedMu.Unlock()
+	if errors.Is(admitErr, ErrNoSession) && e.releasing.Load() > 0 {
+		// A release posted before this open may make the room: look again
+		// behind it.
+		if err := e.do(st.ctx, func() { admitErr = e.admits(st) }); err != nil {
+			return nil, err
 		}
-	}); err != nil {
-		return nil, err
 	}
 	if admitErr != nil {
 		return nil, admitErr
@@ -395,6 +402,18 @@ func (e *Engine) open(st *stream, o *shardv1.SessionOpen) (*shardv1.SessionAccep
 		}
 	}
 	return accepted, nil
+}
+
+// admits is nil when st's session may open: its epoch is current and
+// the store has or can make room for it. The caller holds the state.
+func (e *Engine) admits(st *stream) error {
+	if err := e.sched.Store().CheckEpoch(st.id, st.epoch); err != nil {
+		return err
+	}
+	if !e.sched.Store().CanAdmit(st.id) {
+		return ErrNoSession
+	}
+	return nil
 }
 
 // negotiate takes the smaller of each limit (0 in a proposal: no preference).
@@ -432,7 +451,14 @@ func (e *Engine) handle(st *stream, in *decode.Inbound) {
 		id, epoch := k.Release.RouteSessionId, k.Release.RouteEpoch
 		release()
 		if id == st.id {
-			e.do(st.ctx, func() { e.sched.Release(e.drv.clock(), st.id, epoch) })
+			// Not waited for: the initiator's close and its next session's
+			// open need not wait out a forward in progress. open looks
+			// again behind a pending release before it refuses.
+			e.releasing.Add(1)
+			e.post(func() {
+				e.sched.Release(e.drv.clock(), st.id, epoch)
+				e.releasing.Add(-1)
+			})
 		}
 	case *shardv1.SessionRequest_Cancel:
 		id, epoch, workID := k.Cancel.RouteSessionId, k.Cancel.RouteEpoch, strings.Clone(k.Cancel.WorkId)
