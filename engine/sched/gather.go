@@ -29,6 +29,11 @@ type gatherer struct {
 	// due, which a prefill-only iteration must not delay (due).
 	gap    map[string]ewma
 	queued map[string]bool
+	// unexpected: sessions with a completed prompt and no decode step
+	// yet that are no longer counted as decoding until one arrives: their
+	// next work was another prompt (a prompt streamed in whole chunks), or
+	// a hold that counted them ran out its window.
+	unexpected map[string]bool
 	// holds counts the holds that ended, expired those that ended because
 	// their window ran out before the group formed, held their total time.
 	holds, expired int64
@@ -51,7 +56,7 @@ func (g *gatherer) end(now time.Time, expired bool) {
 // done records that session id completed a decode step (or its prompt).
 func (g *gatherer) done(id string, now time.Time) {
 	if g.last == nil {
-		g.last, g.gap, g.queued = map[string]time.Time{}, map[string]ewma{}, map[string]bool{}
+		g.last, g.gap, g.queued, g.unexpected = map[string]time.Time{}, map[string]ewma{}, map[string]bool{}, map[string]bool{}
 	}
 	g.last[id] = now
 	delete(g.queued, id)
@@ -71,11 +76,19 @@ func (g *gatherer) arrived(id string, now time.Time) {
 	g.queued[id] = true
 }
 
+// prompted records that a prompt (a prefill chunk) of session id arrived.
+func (g *gatherer) prompted(id string) {
+	if _, ok := g.last[id]; ok {
+		g.unexpected[id] = true
+	}
+}
+
 // forget drops a released session.
 func (g *gatherer) forget(id string) {
 	delete(g.last, id)
 	delete(g.gap, id)
 	delete(g.queued, id)
+	delete(g.unexpected, id)
 }
 
 // due returns when the next decode step is expected: the earliest, over the
@@ -104,11 +117,16 @@ func (g *gatherer) due(now time.Time) (time.Time, bool) {
 // expected arrival.
 const dueSlack = 2 * time.Millisecond
 
-// decoding counts the sessions that completed a decode step within recent
-// of now, forgetting older ones. A session that finished a prompt and has
-// sent no decode step yet is not counted: one that only ever prefills
-// (a prompt streamed in chunks, each a whole prefill) would otherwise make
-// every decode iteration beside it wait out its window, with the CPU idle.
+// decoding counts the sessions that completed a decode step, or their
+// prompt, within recent of now, forgetting older ones. A session whose
+// prompt just completed is counted before its first decode step arrives:
+// a burst of prompts (a closed loop's cohort starting again) completes
+// together, and their first steps should form one group, not be taken in
+// whatever fragments arrived first. One that sent another prompt instead
+// (a prompt streamed in whole chunks, each a whole prefill), or that a
+// hold waited for in vain (a prompt with no decode step after it), is
+// not counted until it decodes: it would make every decode iteration
+// beside it wait out its window, with the CPU idle.
 func (g *gatherer) decoding(now time.Time, recent time.Duration) int {
 	n := 0
 	for id, t := range g.last {
@@ -116,7 +134,7 @@ func (g *gatherer) decoding(now time.Time, recent time.Duration) int {
 			g.forget(id)
 			continue
 		}
-		if _, ok := g.gap[id]; ok {
+		if _, ok := g.gap[id]; ok || !g.unexpected[id] {
 			n++
 		}
 	}
@@ -165,6 +183,13 @@ func (g *gatherer) hold(now time.Time, ready, decoding, groups int, window time.
 	left := g.since.Add(window).Sub(now)
 	if left <= 0 {
 		g.end(now, true)
+		// A session with a prompt done and no decode step yet costs one
+		// window at most, as one that stopped decoding does.
+		for id := range g.last {
+			if _, ok := g.gap[id]; !ok {
+				g.unexpected[id] = true
+			}
+		}
 		return 0
 	}
 	return left

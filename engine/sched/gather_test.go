@@ -103,9 +103,15 @@ func TestGatherDecodingSessions(t *testing.T) {
 		g.arrived(id, at)
 		g.done(id, at)
 	}
+	// A prompt alone counts (its first step is on its way), until the
+	// session sends another prompt instead.
 	g.done("a", t0)
+	if n := g.decoding(t0, time.Second); n != 1 {
+		t.Fatalf("%d decoding after a prompt alone, want 1", n)
+	}
+	g.prompted("a")
 	if n := g.decoding(t0, time.Second); n != 0 {
-		t.Fatalf("%d decoding after a prompt alone, want 0", n)
+		t.Fatalf("%d decoding after a second prompt, want 0", n)
 	}
 	decoded("a", t0)
 	if n := g.decoding(t0, time.Second); n != 1 {
@@ -175,5 +181,50 @@ func TestGatherDue(t *testing.T) {
 	g.forget("b")
 	if _, ok := g.due(at(32)); ok {
 		t.Fatal("a released session is still due")
+	}
+}
+
+// A burst of prompts completing together (a closed loop's cohort starting
+// again, two groups of 16): their first steps form one group of 16, not
+// fragments of what arrived first; a hold that waited in vain stops
+// counting the prompts that sent no step.
+func TestGatherFreshCohort(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	predict := func(rows int) (time.Duration, bool) { return time.Duration(10+rows) * time.Millisecond, true }
+	var g gatherer
+	for i := range 32 {
+		g.done(fmt.Sprint("s", i), at(0)) // every prompt done
+	}
+	// The first group's steps arrive one by one, 0.5 ms apart: each
+	// waits for 16 (within the 13 ms window).
+	half := func(k int) time.Time { return t0.Add(time.Duration(k) * 500 * time.Microsecond) }
+	for k := 1; k < 16; k++ {
+		g.arrived(fmt.Sprint("s", k-1), half(k))
+		d := g.decoding(half(k), time.Second)
+		if d != 32 {
+			t.Fatalf("%d arrived: %d decoding, want 32", k, d)
+		}
+		if w := g.hold(half(k), k, d, 2, 0, predict); w == 0 {
+			t.Fatalf("%d of 16 arrived: ran", k)
+		}
+	}
+	g.arrived("s15", half(16))
+	if w := g.hold(half(16), 16, g.decoding(half(16), time.Second), 2, 0, predict); w != 0 {
+		t.Fatalf("16 arrived: held %v", w)
+	}
+	for k := range 16 {
+		g.done(fmt.Sprint("s", k), at(40))
+	}
+	// s16-s31 sent no step: one window (half of 26 ms) is waited, once.
+	g.arrived("s0", at(100))
+	if w := g.hold(at(100), 1, g.decoding(at(100), time.Second), 2, 0, predict); w != 13*time.Millisecond {
+		t.Fatalf("held %v, want 13ms", w)
+	}
+	if w := g.hold(at(113), 1, g.decoding(at(113), time.Second), 2, 0, predict); w != 0 {
+		t.Fatalf("after the window: held %v", w)
+	}
+	if d := g.decoding(at(114), time.Second); d != 16 {
+		t.Fatalf("after a hold in vain: %d decoding, want the 16 that decoded", d)
 	}
 }

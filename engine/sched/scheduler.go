@@ -218,8 +218,11 @@ func (s *Scheduler) Enqueue(it *Item, now time.Time) {
 	q.items = append(q.items, it)
 	s.pending++
 	it.Queued = now
-	if it.Mode == Decode {
+	switch it.Mode {
+	case Decode:
 		s.gather.arrived(it.Session, now)
+	case Prefill:
+		s.gather.prompted(it.Session)
 	}
 	if sess, ok := s.store.Peek(it.Session); ok {
 		s.pin(it, sess) // queued work keeps its session from eviction
