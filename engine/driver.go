@@ -50,9 +50,9 @@ func (d *driver) init(e *Engine) error {
 
 func (d *driver) run() {
 	e, s := d.e, d.s
-	defer close(e.stopped)
 	e.schedMu.Lock()
 	defer e.schedMu.Unlock()
+	defer close(e.stopped) // before the unlock: open sees it under the lock
 	sweep := time.NewTicker(time.Second)
 	defer sweep.Stop()
 	hold := time.NewTimer(time.Hour)

@@ -368,13 +368,14 @@ func (e *Engine) open(st *stream, o *shardv1.SessionOpen) (*shardv1.SessionAccep
 	st.epoch = o.RouteEpoch
 	// Admission is read under the state's lock, not on the scheduler
 	// goroutine, so a new session does not wait out a forward in progress.
+	e.schedMu.Lock()
+	var admitErr error
 	select {
 	case <-e.stopped:
-		return nil, ErrCancelled
+		admitErr = ErrCancelled
 	default:
+		admitErr = e.admits(st)
 	}
-	e.schedMu.Lock()
-	admitErr := e.admits(st)
 	e.schedMu.Unlock()
 	if errors.Is(admitErr, ErrNoSession) && e.releasing.Load() > 0 {
 		// A release posted before this open may make the room: look again
