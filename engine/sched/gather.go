@@ -117,24 +117,26 @@ func (g *gatherer) due(now time.Time) (time.Time, bool) {
 // expected arrival.
 const dueSlack = 2 * time.Millisecond
 
-// decoding counts the sessions that completed a decode step, or their
-// prompt, within recent of now, forgetting older ones. A session whose
-// prompt just completed is counted before its first decode step arrives:
-// a burst of prompts (a closed loop's cohort starting again) completes
-// together, and their first steps should form one group, not be taken in
-// whatever fragments arrived first. One that sent another prompt instead
-// (a prompt streamed in whole chunks, each a whole prefill), or that a
-// hold waited for in vain (a prompt with no decode step after it), is
-// not counted until it decodes: it would make every decode iteration
-// beside it wait out its window, with the CPU idle.
-func (g *gatherer) decoding(now time.Time, recent time.Duration) int {
+// decoding counts the sessions that completed a decode step, or with
+// fresh their prompt, within recent of now, forgetting older ones. With
+// fresh (a shard of a pipeline: groups move round the route), a session
+// whose prompt just completed is counted before its first decode step
+// arrives: a burst of prompts (a closed loop's cohort starting again)
+// completes together, and their first steps should form one group, not be
+// taken in whatever fragments arrived first. One that sent another prompt
+// instead (a prompt streamed in whole chunks, each a whole prefill), or
+// that a hold waited for in vain (a prompt with no decode step after it),
+// is not counted until it decodes: it would make every decode iteration
+// beside it wait out its window, with the CPU idle. Without fresh (one
+// group: the whole model) a prompt is never waited for.
+func (g *gatherer) decoding(now time.Time, recent time.Duration, fresh bool) int {
 	n := 0
 	for id, t := range g.last {
 		if now.Sub(t) > recent {
 			g.forget(id)
 			continue
 		}
-		if _, ok := g.gap[id]; ok || !g.unexpected[id] {
+		if _, ok := g.gap[id]; ok || fresh && !g.unexpected[id] {
 			n++
 		}
 	}

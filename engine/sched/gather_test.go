@@ -49,7 +49,7 @@ func TestGatherHolds(t *testing.T) {
 		{now: 70, ready: 0, groups: 2, predict: predict, want: 0},
 	}
 	for i, s := range steps {
-		decoding := g.decoding(at(s.now), quiet)
+		decoding := g.decoding(at(s.now), quiet, true)
 		if decoding != 32 {
 			t.Fatalf("step %d: %d decoding, want 32", i, decoding)
 		}
@@ -103,18 +103,22 @@ func TestGatherDecodingSessions(t *testing.T) {
 		g.arrived(id, at)
 		g.done(id, at)
 	}
-	// A prompt alone counts (its first step is on its way), until the
-	// session sends another prompt instead.
+	// On a shard a prompt alone counts (its first step is on its way),
+	// until the session sends another prompt instead; on the whole model
+	// it does not.
 	g.done("a", t0)
-	if n := g.decoding(t0, time.Second); n != 1 {
+	if n := g.decoding(t0, time.Second, true); n != 1 {
 		t.Fatalf("%d decoding after a prompt alone, want 1", n)
 	}
+	if n := g.decoding(t0, time.Second, false); n != 0 {
+		t.Fatalf("one group: %d decoding after a prompt alone, want 0", n)
+	}
 	g.prompted("a")
-	if n := g.decoding(t0, time.Second); n != 0 {
+	if n := g.decoding(t0, time.Second, true); n != 0 {
 		t.Fatalf("%d decoding after a second prompt, want 0", n)
 	}
 	decoded("a", t0)
-	if n := g.decoding(t0, time.Second); n != 1 {
+	if n := g.decoding(t0, time.Second, true); n != 1 {
 		t.Fatalf("%d decoding, want 1", n)
 	}
 	if w := g.hold(t0, 1, 1, 2, 0, predict); w != 0 {
@@ -123,10 +127,10 @@ func TestGatherDecodingSessions(t *testing.T) {
 	decoded("b", t0)
 	decoded("c", t0.Add(900*time.Millisecond))
 	g.forget("a")
-	if n := g.decoding(t0.Add(500*time.Millisecond), time.Second); n != 2 {
+	if n := g.decoding(t0.Add(500*time.Millisecond), time.Second, true); n != 2 {
 		t.Fatalf("after releasing a: %d decoding, want 2", n)
 	}
-	if n := g.decoding(t0.Add(1500*time.Millisecond), time.Second); n != 1 {
+	if n := g.decoding(t0.Add(1500*time.Millisecond), time.Second, true); n != 1 {
 		t.Fatalf("after b went quiet: %d decoding, want 1", n)
 	}
 	if _, ok := g.last["b"]; ok {
@@ -201,7 +205,7 @@ func TestGatherFreshCohort(t *testing.T) {
 	half := func(k int) time.Time { return t0.Add(time.Duration(k) * 500 * time.Microsecond) }
 	for k := 1; k < 16; k++ {
 		g.arrived(fmt.Sprint("s", k-1), half(k))
-		d := g.decoding(half(k), time.Second)
+		d := g.decoding(half(k), time.Second, true)
 		if d != 32 {
 			t.Fatalf("%d arrived: %d decoding, want 32", k, d)
 		}
@@ -210,7 +214,7 @@ func TestGatherFreshCohort(t *testing.T) {
 		}
 	}
 	g.arrived("s15", half(16))
-	if w := g.hold(half(16), 16, g.decoding(half(16), time.Second), 2, 0, predict); w != 0 {
+	if w := g.hold(half(16), 16, g.decoding(half(16), time.Second, true), 2, 0, predict); w != 0 {
 		t.Fatalf("16 arrived: held %v", w)
 	}
 	for k := range 16 {
@@ -218,13 +222,13 @@ func TestGatherFreshCohort(t *testing.T) {
 	}
 	// s16-s31 sent no step: one window (half of 26 ms) is waited, once.
 	g.arrived("s0", at(100))
-	if w := g.hold(at(100), 1, g.decoding(at(100), time.Second), 2, 0, predict); w != 13*time.Millisecond {
+	if w := g.hold(at(100), 1, g.decoding(at(100), time.Second, true), 2, 0, predict); w != 13*time.Millisecond {
 		t.Fatalf("held %v, want 13ms", w)
 	}
-	if w := g.hold(at(113), 1, g.decoding(at(113), time.Second), 2, 0, predict); w != 0 {
+	if w := g.hold(at(113), 1, g.decoding(at(113), time.Second, true), 2, 0, predict); w != 0 {
 		t.Fatalf("after the window: held %v", w)
 	}
-	if d := g.decoding(at(114), time.Second); d != 16 {
+	if d := g.decoding(at(114), time.Second, true); d != 16 {
 		t.Fatalf("after a hold in vain: %d decoding, want the 16 that decoded", d)
 	}
 }

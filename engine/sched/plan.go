@@ -172,7 +172,7 @@ func (s *Scheduler) gatherDecodes(now time.Time, decodes []*sessQueue) ([]*sessQ
 		return decodes, false
 	}
 	cfg := &s.cfg
-	decoding := s.gather.decoding(now, cfg.DecodeQuiet)
+	decoding := s.gather.decoding(now, cfg.DecodeQuiet, cfg.DecodeGroups > 1)
 	if wait := s.gather.hold(now, len(decodes), decoding, cfg.DecodeGroups, cfg.GatherWindow, s.cost.predict); wait > 0 {
 		s.wake = now.Add(wait)
 		return nil, true
