@@ -68,8 +68,8 @@ type Engine struct {
 	// on its channels, or on a forward. open takes it to read admission
 	// without waiting out a forward; nothing else touches sched.
 	schedMu sync.Mutex
-	// releasing counts in-stream releases posted and not yet applied
-	// (open looks again behind them before it refuses).
+	// releasing counts in-stream releases queued and not yet applied
+	// (open looks again behind them before it refuses for room).
 	releasing atomic.Int32
 }
 
@@ -160,14 +160,6 @@ func (e *Engine) Close() {
 	e.obs.stopRecorder()
 	e.recv.Close()
 	e.framer.Close()
-}
-
-// post queues op for the scheduler goroutine without waiting for it.
-func (e *Engine) post(op func()) {
-	select {
-	case e.control <- func() { op(); e.drv.settle(0) }:
-	case <-e.stopped:
-	}
 }
 
 // do runs op on the scheduler goroutine and waits for it.

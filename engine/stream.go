@@ -452,11 +452,14 @@ func (e *Engine) handle(st *stream, in *decode.Inbound) {
 		id, epoch := k.Release.RouteSessionId, k.Release.RouteEpoch
 		release()
 		if id == st.id {
-			// Not waited for: the initiator's close and its next session's
-			// open need not wait out a forward in progress. open looks
-			// again behind a pending release before it refuses.
+			// Waited for, so that the stream ends only once the session is
+			// gone: a client that opens the same id again after the end
+			// must not have its new work cancelled by the old release.
+			// releasing tells open to look again behind it before it
+			// refuses for room (a count left high by a release never
+			// queued only sends such opens the slow way).
 			e.releasing.Add(1)
-			e.post(func() {
+			e.do(st.ctx, func() {
 				e.sched.Release(e.drv.clock(), st.id, epoch)
 				e.releasing.Add(-1)
 			})
