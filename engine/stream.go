@@ -378,7 +378,7 @@ func (e *Engine) open(st *stream, o *shardv1.SessionOpen) (*shardv1.SessionAccep
 	}
 	e.schedMu.Unlock()
 	if errors.Is(admitErr, ErrNoSession) && e.releasing.Load() > 0 {
-		// A release posted before this open may make the room: look again
+		// A release queued before this open may make the room: look again
 		// behind it.
 		if err := e.do(st.ctx, func() { admitErr = e.admits(st) }); err != nil {
 			return nil, err
