@@ -69,7 +69,9 @@ type Config struct {
 	// the sessions move in that many groups; set it to the route's stage
 	// count so every stage computes at once. Above 1, an iteration also
 	// takes no more than that share rounded up of the decode steps (the
-	// earliest first), so uneven groups even out. 0: 1 on a worker
+	// earliest first), so uneven groups even out, and a session whose
+	// prompt just completed counts as decoding (a burst of prompts forms
+	// whole groups), until a hold waits for it in vain. 0: 1 on a worker
 	// that holds the whole model (one batch of every decoding session),
 	// 2 on a shard. Negative: no waiting, an iteration starts with what
 	// has arrived.
