@@ -112,8 +112,8 @@
 // state's figures to the metrics. It holds the state's lock (schedMu)
 // except while it waits, on its channels or on the forward; a stream's
 // Open reads admission under that lock instead of queueing behind the
-// forward (one that would be refused for room while a release is queued
-// looks again behind it). The scripts
+// forward (one that would be refused for room while an operation, such as
+// a release, is queued looks again behind it). The scripts
 // (script_test.go) drive the driver the same way over a fake backend.
 //
 // Cache semantics are checked when work is dequeued, against the session

@@ -68,9 +68,6 @@ type Engine struct {
 	// on its channels, or on a forward. open takes it to read admission
 	// without waiting out a forward; nothing else touches sched.
 	schedMu sync.Mutex
-	// releasing counts in-stream releases queued and not yet applied
-	// (open looks again behind them before it refuses for room).
-	releasing atomic.Int32
 }
 
 // New creates an engine over a loaded backend and runs the capability

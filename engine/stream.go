@@ -377,9 +377,9 @@ func (e *Engine) open(st *stream, o *shardv1.SessionOpen) (*shardv1.SessionAccep
 		admitErr = e.admits(st)
 	}
 	e.schedMu.Unlock()
-	if errors.Is(admitErr, ErrNoSession) && e.releasing.Load() > 0 {
-		// A release queued before this open may make the room: look again
-		// behind it.
+	if errors.Is(admitErr, ErrNoSession) && len(e.control) > 0 {
+		// An operation queued before this open (a release) may make the
+		// room: look again behind it.
 		if err := e.do(st.ctx, func() { admitErr = e.admits(st) }); err != nil {
 			return nil, err
 		}
@@ -455,14 +455,7 @@ func (e *Engine) handle(st *stream, in *decode.Inbound) {
 			// Waited for, so that the stream ends only once the session is
 			// gone: a client that opens the same id again after the end
 			// must not have its new work cancelled by the old release.
-			// releasing tells open to look again behind it before it
-			// refuses for room (a count left high by a release never
-			// queued only sends such opens the slow way).
-			e.releasing.Add(1)
-			e.do(st.ctx, func() {
-				e.sched.Release(e.drv.clock(), st.id, epoch)
-				e.releasing.Add(-1)
-			})
+			e.do(st.ctx, func() { e.sched.Release(e.drv.clock(), st.id, epoch) })
 		}
 	case *shardv1.SessionRequest_Cancel:
 		id, epoch, workID := k.Cancel.RouteSessionId, k.Cancel.RouteEpoch, strings.Clone(k.Cancel.WorkId)
