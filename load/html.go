@@ -5,6 +5,8 @@ import (
 	"html/template"
 	"os"
 	"strings"
+
+	"github.com/meshnet/shardd/telemetry"
 )
 
 // plot is one figure of the page.
@@ -143,6 +145,26 @@ func hopPlots(runs []*Summary) []plot {
 		}
 		out = append(out, plot{"stages-" + s.Label, "median time per stage on each worker, from its spans (" + s.Label + ")",
 			template.HTML(stackedBars("Per stage p50, "+s.Label, "ms", cats, parts, vals))})
+		break
+	}
+
+	for _, s := range runs {
+		if len(s.Idle) == 0 {
+			continue
+		}
+		parts := append([]string{"busy"}, telemetry.BeforeKinds...)
+		var cats []string
+		var vals [][]float64
+		for i, h := range s.Idle {
+			cats = append(cats, fmt.Sprintf("hop %d", i))
+			v := []float64{100 * h.Busy}
+			for _, k := range telemetry.BeforeKinds {
+				v = append(v, 100*h.Before[k].Share)
+			}
+			vals = append(vals, v)
+		}
+		out = append(out, plot{"idle-" + s.Label, "each worker's time in forwards, and its idle by the forward that ended it (" + s.Label + ")",
+			template.HTML(stackedBars("Forwards and idle, "+s.Label, "%", cats, parts, vals))})
 		break
 	}
 

@@ -3,6 +3,7 @@ package load
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 	"github.com/meshnet/shardd/engine"
 	"github.com/meshnet/shardd/engine/enginetest"
 	"github.com/meshnet/shardd/route"
+	"github.com/meshnet/shardd/telemetry"
 )
 
 func TestMain(m *testing.M) {
@@ -295,6 +297,8 @@ func TestHTMLRendersInChromium(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.Stages = []map[string]Dist{{"queue": {Count: 1, P50: 0.1}, "forward": {Count: 1, P50: 1}}, {"forward": {Count: 1, P50: 2}}}
+		s.Idle = []HopIdle{{Busy: 0.9, Before: map[string]IdleGap{telemetry.BeforeGroup: {Share: 0.08}, telemetry.BeforePart: {Share: 0.02}}},
+			{Busy: 0.8, Before: map[string]IdleGap{telemetry.BeforeMixed: {Share: 0.2}}}}
 		rep.Runs = append(rep.Runs, s)
 	}
 	rep.Runs[0].TurnTTFT = []float64{12, 20, 31} // as a run of conversations reports
@@ -312,15 +316,15 @@ func TestHTMLRendersInChromium(t *testing.T) {
 	dom := string(out)
 	total := regexp.MustCompile(`data-plots="(\d+)"`).FindStringSubmatch(dom)
 	rendered := regexp.MustCompile(`data-plots-rendered="(\d+)"`).FindStringSubmatch(dom)
-	// TTFT CDF, ITL CDF, ITL over time, TTFT by turn, hops, stages, sweep
-	// throughput, sweep ITL.
-	if total == nil || total[1] != "8" {
-		t.Fatalf("page has %v plots, want 8", total)
+	// TTFT CDF, ITL CDF, ITL over time, TTFT by turn, hops, stages, idle,
+	// sweep throughput, sweep ITL.
+	if total == nil || total[1] != "9" {
+		t.Fatalf("page has %v plots, want 9", total)
 	}
 	if rendered == nil || rendered[1] != total[1] {
 		t.Fatalf("browser rendered %v of %s plots", rendered, total[1])
 	}
-	for _, id := range []string{"ttft-cdf", "itl-cdf", "itl-time", "turn-ttft", "hops", "sweep-throughput", "sweep-itl"} {
+	for _, id := range []string{"ttft-cdf", "itl-cdf", "itl-time", "turn-ttft", "hops", "idle-c", "sweep-throughput", "sweep-itl"} {
 		if !regexp.MustCompile(`id="` + id + `"[^>]*data-rendered="yes"|data-rendered="yes"[^>]*id="` + id + `"`).MatchString(dom) {
 			t.Errorf("plot %s not rendered", id)
 		}
@@ -348,5 +352,63 @@ func TestReportHopCounters(t *testing.T) {
 	}
 	if strings.Contains(out.String(), ", plain:") {
 		t.Errorf("a run with nothing to report has a line:\n%s", out.String())
+	}
+}
+
+// A run's span files give each hop's stages and its forwards: the text
+// report prints the busy share and the idle by what came next.
+func TestFromSpansIdle(t *testing.T) {
+	ms := int64(time.Millisecond)
+	var lines []string
+	span := func(inst, id, parent, name string, start, end int64, mode string) {
+		attrs := ""
+		if mode != "" {
+			attrs = fmt.Sprintf(`,"attributes":{"shardd.mode":%q}`, mode)
+		}
+		lines = append(lines, fmt.Sprintf(`{"trace_id":"t","span_id":%q,"parent_span_id":%q,"name":%q,"instance":%q,"start_unix_nano":%d,"end_unix_nano":%d%s}`,
+			id, parent, name, inst, start, end, attrs))
+	}
+	n := 0
+	fwd := func(inst string, start, end int64, decode, prompt int) {
+		for i := range decode + prompt {
+			n++
+			id, mode := fmt.Sprint("s", n), "CACHE_MODE_DECODE"
+			if i >= decode {
+				mode = "CACHE_MODE_PREFILL"
+			}
+			span(inst, id, "", "shardd.step", start*ms, end*ms, mode)
+			span(inst, id+"f", id, "forward", start*ms, end*ms, "")
+		}
+	}
+	fwd("w0", 100, 140, 16, 0)
+	fwd("w0", 150, 190, 16, 0) // 10 ms before a group
+	fwd("w0", 230, 240, 2, 0)  // 40 ms before part of one
+	fwd("w0", 250, 300, 0, 8)  // 10 ms before prompt rows
+	fwd("w1", 120, 180, 16, 0)
+	file := filepath.Join(t.TempDir(), "spans.jsonl")
+	if err := os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stages, idle, err := fromSpans([]string{file}, []string{"w0", "w1"}, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stages) != 2 || stages[0]["forward"].Count != 42 {
+		t.Fatalf("stages %v, want w0's 42 forward spans", stages)
+	}
+	want := HopIdle{Busy: 0.7, Forwards: 4, GroupRows: 16, Before: map[string]IdleGap{
+		telemetry.BeforeGroup: {Share: 0.05, MeanMs: 10, Forwards: 1}, telemetry.BeforePart: {Share: 0.2, MeanMs: 40, Forwards: 1},
+		telemetry.BeforePrompt: {Share: 0.05, MeanMs: 10, Forwards: 1}}}
+	if fmt.Sprintf("%.4v", idle[0]) != fmt.Sprintf("%.4v", want) {
+		t.Errorf("w0:\n got %+v\nwant %+v", idle[0], want)
+	}
+	if idle[1].Busy != 1 || idle[1].Forwards != 1 {
+		t.Errorf("w1: %+v, want one forward, all busy", idle[1])
+	}
+	r := &Report{Runs: []*Summary{{Label: "route", Idle: idle}}}
+	var out strings.Builder
+	r.WriteText(&out)
+	if !regexp.MustCompile(`(?m)^ +0 +70\.0% +4 +16 +5\.0%, 10\.0 ms \(1\) +20\.0%, 40\.0 ms \(1\) +0\.0%, 0\.0 ms \(0\) +5\.0%, 10\.0 ms \(1\)$`).MatchString(out.String()) {
+		t.Errorf("report lacks w0's idle row:\n%s", out.String())
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/meshnet/shardd/telemetry"
 )
 
 // Schema names the JSON report's layout. A field is never renamed or
@@ -314,6 +316,7 @@ func (r *Report) WriteText(w io.Writer) {
 		}
 		tw.Flush()
 	}
+	r.writeIdle(w)
 	var errs []string
 	for _, s := range r.Runs {
 		for code, n := range s.ErrorsByCode {
@@ -434,5 +437,31 @@ func (r *Report) writeHost(w io.Writer) {
 	}
 	if len(parts) > 0 {
 		fmt.Fprintf(w, "\nhost: kdamond (the kernel's memory monitor) used this much CPU during each run, and forwards stall while it runs: %s\n", strings.Join(parts, ", "))
+	}
+}
+
+// writeIdle prints each hop's busy share and the idle before its forwards
+// by the kind of forward that ended it (worker spans, --stages).
+func (r *Report) writeIdle(w io.Writer) {
+	for _, s := range r.Runs {
+		if len(s.Idle) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\nforwards of %s and the idle before them, by what came next (worker spans: share of the time, mean gap, forwards)\n", s.Label)
+		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprint(tw, "hop\tbusy\tforwards\tgroup rows\t")
+		for _, k := range telemetry.BeforeKinds {
+			fmt.Fprintf(tw, "%s\t", k)
+		}
+		fmt.Fprintln(tw)
+		for i, h := range s.Idle {
+			fmt.Fprintf(tw, "%d\t%.1f%%\t%d\t%d\t", i, 100*h.Busy, h.Forwards, h.GroupRows)
+			for _, k := range telemetry.BeforeKinds {
+				g := h.Before[k]
+				fmt.Fprintf(tw, "%.1f%%, %.1f ms (%d)\t", 100*g.Share, g.MeanMs, g.Forwards)
+			}
+			fmt.Fprintln(tw)
+		}
+		tw.Flush()
 	}
 }

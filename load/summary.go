@@ -160,6 +160,9 @@ type Summary struct {
 	// Stages: per hop (in route order) the worker's per-stage span
 	// latencies, from the span files of the measured window.
 	Stages []map[string]Dist `json:"stages,omitempty"`
+	// Idle: per hop (in route order) its forwards in the measured window
+	// and the idle between them, from the same spans.
+	Idle []HopIdle `json:"idle,omitempty"`
 	// HarnessCPUPerTokenMicros is the harness's own CPU time (user and
 	// system) per generated token.
 	HarnessCPUPerTokenMicros float64 `json:"harness_cpu_per_token_us"`
@@ -191,18 +194,40 @@ type HopSummary struct {
 	OutBytesPerToken float64 `json:"out_bytes_per_token"`
 }
 
-// stagesFromSpans reads the workers' span files and summarises each hop's
-// stages within [from, to]. instances name the workers in route order as
-// their spans do.
-func stagesFromSpans(files, instances []string, from, to time.Time) ([]map[string]Dist, error) {
+// HopIdle is one worker's forwards in the measured window, from its
+// spans (telemetry.ForwardIdle): the share of the window spent in them,
+// and the idle before them by the kind of forward that ended it.
+type HopIdle struct {
+	Busy     float64 `json:"busy"`
+	Forwards int     `json:"forwards"`
+	// GroupRows is a whole decode group's rows (the 90th percentile of
+	// the decode-only forwards).
+	GroupRows int `json:"group_rows"`
+	// Before is keyed by telemetry.BeforeKinds.
+	Before map[string]IdleGap `json:"before"`
+}
+
+// IdleGap is the idle before the forwards of one kind: its share of the
+// window, the mean gap and the forwards.
+type IdleGap struct {
+	Share    float64 `json:"share"`
+	MeanMs   float64 `json:"mean_ms"`
+	Forwards int     `json:"forwards"`
+}
+
+// fromSpans reads the workers' span files and summarises each hop's
+// stages and forwards within [from, to]. instances name the workers in
+// route order as their spans do.
+func fromSpans(files, instances []string, from, to time.Time) ([]map[string]Dist, []HopIdle, error) {
 	spans, err := telemetry.ReadSpans(files...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	byInst := telemetry.StageDurations(spans, from, to)
-	out := make([]map[string]Dist, len(instances))
+	idle := telemetry.ForwardIdle(spans, from, to)
+	stages, idles := make([]map[string]Dist, len(instances)), make([]HopIdle, len(instances))
 	for i, inst := range instances {
-		out[i] = map[string]Dist{}
+		stages[i] = map[string]Dist{}
 		for stage, ds := range byInst[inst] {
 			h := newHist()
 			for _, d := range ds {
@@ -212,8 +237,23 @@ func stagesFromSpans(files, instances []string, from, to time.Time) ([]map[strin
 			if stage == "shardd.step" {
 				name = "step"
 			}
-			out[i][name] = h.dist(false)
+			stages[i][name] = h.dist(false)
 		}
+		idles[i] = hopIdle(idle[inst])
 	}
-	return out, nil
+	return stages, idles, nil
+}
+
+// hopIdle turns a worker's telemetry.Idle into shares of its span.
+func hopIdle(id telemetry.Idle) HopIdle {
+	h := HopIdle{Forwards: id.Forwards, GroupRows: id.Group, Before: map[string]IdleGap{}}
+	if id.Span <= 0 {
+		return h
+	}
+	h.Busy = float64(id.Busy) / float64(id.Span)
+	for kind, g := range id.Before {
+		h.Before[kind] = IdleGap{Share: float64(g.Idle) / float64(id.Span),
+			MeanMs: float64(g.Idle) / float64(g.Forwards) / float64(time.Millisecond), Forwards: g.Forwards}
+	}
+	return h
 }

@@ -132,4 +132,31 @@ func Report(w io.Writer, spans []SpanRecord) {
 	if len(hops) == 0 {
 		fmt.Fprintln(w, "  (no shardd step spans: were the workers run with --traces?)")
 	}
+	reportIdle(w, ForwardIdle(spans, time.Time{}, time.Time{}))
+}
+
+// reportIdle prints each hop's busy share and the idle before its
+// forwards, by the kind of forward that ended it (ForwardIdle).
+func reportIdle(w io.Writer, byHop map[string]Idle) {
+	hops := make([]string, 0, len(byHop))
+	for h := range byHop {
+		hops = append(hops, h)
+	}
+	slices.Sort(hops)
+	if len(hops) > 0 {
+		fmt.Fprintf(w, "\nforwards, and the idle before them by what came next (share of the time, mean gap, forwards):\n")
+	}
+	for _, h := range hops {
+		id := byHop[h]
+		if id.Span <= 0 {
+			continue
+		}
+		fmt.Fprintf(w, "  %-24s busy %.1f%%, %d forwards, a decode group %d rows", h, 100*float64(id.Busy)/float64(id.Span), id.Forwards, id.Group)
+		for _, k := range BeforeKinds {
+			if g := id.Before[k]; g.Forwards > 0 {
+				fmt.Fprintf(w, "; before %s %.1f%%, %s (%d)", k, 100*float64(g.Idle)/float64(id.Span), (g.Idle / time.Duration(g.Forwards)).Round(10*time.Microsecond), g.Forwards)
+			}
+		}
+		fmt.Fprintln(w)
+	}
 }

@@ -33,8 +33,9 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 const benchHelp = `Loads a route the way operators run it and reports TTFT, inter-token latency (ITL), time per
 output token (TPOT) and end-to-end latency (p50/p90/p99/max, HdrHistogram), output tokens/s
 (to the last token, and steady: until the arrivals ended), requests/s, goodput under --slo,
-per-hop execution and wire time, per-stage latency from worker spans, errors by ErrorCode, and
-the harness's own CPU time per token. For the workers it starts, also each one's share of the
+per-hop execution and wire time, per-stage latency and each worker's idle between forwards (by
+the kind of forward that ended it) from worker spans, errors by ErrorCode, and the harness's own
+CPU time per token. For the workers it starts, also each one's share of the
 run in forward calls, rows per forward and cost model (from their metrics).
 
 Target: an existing route (--route A,B,...), or a route it starts from a model (--model FILE with
@@ -108,10 +109,10 @@ func (f *benchFlags) addTargetFlags(fs *flag.FlagSet) {
 	fs.StringVar(&f.unsplitThreads, "unsplit-threads", "1", "threads of the --unsplit worker; a list (1,2) makes one baseline per value")
 	fs.StringVar(&f.unsplitCPUs, "unsplit-cpus", "", "CPU set of each --unsplit worker, ';' between them (0 or 0;0-1)")
 	fs.StringVar(&f.serveArgs, "serve-args", "", "further flags for every 'shardd serve' the harness starts (space-separated)")
-	fs.BoolVar(&f.stages, "stages", false, "with --model: workers write spans, and the report has per-stage latency")
+	fs.BoolVar(&f.stages, "stages", false, "with --model: workers write spans, and the report has per-stage latency and each worker's busy share and idle between forwards, by what came next (a whole decode group, part of one, prompt rows)")
 	fs.IntVar(&f.standbys, "standbys", 0, "with --model: also start this many standby workers per shard, which a hop whose worker fails moves to")
 	fs.StringVar(&f.kill, "kill", "", "with --model: kill (SIGKILL) hop HOP's worker DUR into each measured run of the route, and start it again on its address after restart=DUR (default: when the run ends): HOP@DUR[,restart=DUR], e.g. 1@3s")
-	fs.StringVar(&f.spanFiles, "span-files", "", "with --route: span files the workers write (serve --traces file:PATH, --instance = the address given in --route), for per-stage latency")
+	fs.StringVar(&f.spanFiles, "span-files", "", "with --route: span files the workers write (serve --traces file:PATH, --instance = the address given in --route), for per-stage latency and idle between forwards")
 	fs.StringVar(&f.relayHops, "relay-hops", "", "with --model: also run the route with these hops (0,1,... or all) through a relay the harness runs, as a target 'route+relay' on the same workers, interleaved with the direct route")
 	fs.DurationVar(&f.relayLatency, "relay-latency", 0, "with --relay-hops: delay the relay adds to every chunk, each way")
 	fs.Var(&f.links, "link", "network condition of a hop, HOP=latency:5ms,jitter:1ms,bandwidth:1gbit (repeatable)")
