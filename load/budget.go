@@ -41,11 +41,12 @@ type Budget []Limit
 //	hop[I].exec|wire|prefill_exec.STAT  per hop, decode steps (ms)
 //	stage.NAME.STAT                     worst hop's stage (span files)
 //	hop[I].stage.NAME.STAT              one hop's stage
+//	hop[I].busy                         its share of the time in forwards (span files; at least)
 //	goodput, tokens_per_s, requests_per_s (at least)
 //	error_rate, harness_cpu_per_token_us (at most)
 //
 // STAT is p50, p90, p99, max or mean.
-var metricPattern = regexp.MustCompile(`^(?:(ttft|itl|tpot|e2e)\.(p50|p90|p99|max|mean)|hop\[(\d+)\]\.(exec|wire|prefill_exec)\.(p50|p90|p99|max|mean)|(?:hop\[(\d+)\]\.)?stage\.([a-z_]+)\.(p50|p90|p99|max|mean)|(goodput|tokens_per_s|requests_per_s|error_rate|harness_cpu_per_token_us))$`)
+var metricPattern = regexp.MustCompile(`^(?:(ttft|itl|tpot|e2e)\.(p50|p90|p99|max|mean)|hop\[(\d+)\]\.(exec|wire|prefill_exec)\.(p50|p90|p99|max|mean)|(?:hop\[(\d+)\]\.)?stage\.([a-z_]+)\.(p50|p90|p99|max|mean)|(goodput|tokens_per_s|requests_per_s|error_rate|harness_cpu_per_token_us)|hop\[(\d+)\]\.busy)$`)
 
 // atLeast: the metric is a lower bound (more is better).
 func atLeast(metric string) bool {
@@ -53,7 +54,7 @@ func atLeast(metric string) bool {
 	case "goodput", "tokens_per_s", "requests_per_s":
 		return true
 	}
-	return false
+	return strings.HasSuffix(metric, ".busy")
 }
 
 // isLatency: the metric is a time and its bound is written as a duration.
@@ -131,7 +132,7 @@ func parseLimit(metric string, v any) (Limit, error) {
 	if err != nil || f < 0 || math.IsNaN(f) || math.IsInf(f, 0) {
 		return l, fmt.Errorf("%s: want a number, not %q", metric, s)
 	}
-	if (metric == "goodput" || metric == "error_rate") && f > 1 {
+	if (metric == "goodput" || metric == "error_rate" || strings.HasSuffix(metric, ".busy")) && f > 1 {
 		return l, fmt.Errorf("%s is a fraction from 0 to 1, not %v", metric, f)
 	}
 	l.Bound = f
@@ -207,6 +208,12 @@ func Figure(s *Summary, metric string) (float64, bool) {
 			}
 		}
 		return v, found
+	case m[10] != "":
+		i, _ := strconv.Atoi(m[10])
+		if i >= len(s.Idle) || s.Idle[i].Forwards == 0 {
+			return 0, false
+		}
+		return s.Idle[i].Busy, true
 	}
 	switch m[9] {
 	case "goodput":

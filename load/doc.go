@@ -32,7 +32,11 @@
 //     execution separately;
 //   - per stage, when the workers write span files: p50/p99 of each stage
 //     span within the measured window, read with the telemetry package's
-//     span reader (the code behind `shardd trace-report`);
+//     span reader (the code behind `shardd trace-report`), and each
+//     worker's forwards: its busy share and the idle before its forwards,
+//     charged to the kind of forward that ended the gap (a whole decode
+//     group, part of one, decode with prompt rows, prompt rows alone:
+//     telemetry.ForwardIdle), where a pipeline's bubbles show;
 //   - errors by the worker's ErrorCode (or DEADLINE, CANCELED, TRANSPORT,
 //     SHED), retries and re-prefills after a cache miss;
 //   - the harness's own CPU time per generated token, so a reader can see
@@ -53,7 +57,7 @@
 // prompts and prompt_tokens_p50 (real prompts, lengths in the model's
 // tokens), sampling, seed, rounds, slo), targets (name, workers, ranges, threads,
 // cpus, links), runs (one Summary per target, level and round, in the
-// order run: see the json tags of Summary, Dist and HopSummary), medians
+// order run: see the json tags of Summary, Dist, HopSummary and HopIdle), medians
 // (per target and level over rounds: tokens/s, its spread, the ratio to
 // the first target, TTFT and ITL p99, goodput), sweep (levels and knee)
 // and budget (each limit checked against each run of the first target)

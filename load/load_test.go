@@ -411,4 +411,22 @@ func TestFromSpansIdle(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^ +0 +70\.0% +4 +16 +5\.0%, 10\.0 ms \(1\) +20\.0%, 40\.0 ms \(1\) +0\.0%, 0\.0 ms \(0\) +5\.0%, 10\.0 ms \(1\)$`).MatchString(out.String()) {
 		t.Errorf("report lacks w0's idle row:\n%s", out.String())
 	}
+
+	// A budget holds each hop to a busy share.
+	b, err := ReadBudget(budgetFile(t, "busy.yaml", "hop[0].busy: 0.8\nhop[1].busy: 0.9\nhop[2].busy: 0.1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Finish(b, "")
+	var verdict []string
+	for _, ch := range r.Budget {
+		verdict = append(verdict, fmt.Sprintf("%s %v %v %.3f", ch.Limit, ch.Pass, ch.Missing, ch.Over))
+	}
+	if got, want := strings.Join(verdict, "; "), "hop[0].busy >= 0.8 false false 0.125; hop[1].busy >= 0.9 true false 0.000; "+
+		"hop[2].busy >= 0.1 false true 0.000"; got != want {
+		t.Errorf("busy budget:\n got %s\nwant %s", got, want)
+	}
+	if _, err := ReadBudget(budgetFile(t, "over.yaml", "hop[0].busy: 1.5\n")); !errors.Is(err, ErrInput) {
+		t.Errorf("a busy share over 1: err = %v, want ErrInput", err)
+	}
 }

@@ -50,6 +50,8 @@ Budget (--budget FILE, .yaml or .toml; nested keys flatten with dots): limits on
   stage.NAME.STAT, hop[I].stage.NAME.STAT  worker span stages (decode, reassemble, checksum,
                                    decompress, queue, forward, frameout, step); needs --stages
                                    or --span-files
+  hop[I].busy                      hop I's share of the time in forwards, a lower bound from 0 to 1,
+                                   e.g. hop[1].busy: 0.9; needs --stages or --span-files
   goodput, tokens_per_s, requests_per_s   (lower bounds)   error_rate, harness_cpu_per_token_us
 STAT is p50, p90, p99, max or mean. Exit status 1 when any limit fails on any run of the first
 target, with a table of each failing limit and by how much.
