@@ -246,14 +246,9 @@ func fromSpans(files, instances []string, from, to time.Time) ([]map[string]Dist
 
 // hopIdle turns a worker's telemetry.Idle into shares of its span.
 func hopIdle(id telemetry.Idle) HopIdle {
-	h := HopIdle{Forwards: id.Forwards, GroupRows: id.Group, Before: map[string]IdleGap{}}
-	if id.Span <= 0 {
-		return h
-	}
-	h.Busy = float64(id.Busy) / float64(id.Span)
+	h := HopIdle{Busy: id.BusyShare(), Forwards: id.Forwards, GroupRows: id.Group, Before: map[string]IdleGap{}}
 	for kind, g := range id.Before {
-		h.Before[kind] = IdleGap{Share: float64(g.Idle) / float64(id.Span),
-			MeanMs: float64(g.Idle) / float64(g.Forwards) / float64(time.Millisecond), Forwards: g.Forwards}
+		h.Before[kind] = IdleGap{Share: id.IdleShare(kind), MeanMs: float64(g.Mean()) / float64(time.Millisecond), Forwards: g.Forwards}
 	}
 	return h
 }

@@ -51,6 +51,27 @@ type Gap struct {
 	Idle     time.Duration
 }
 
+// BusyShare is the share of the span inside forwards (0 with no span).
+func (id Idle) BusyShare() float64 { return id.share(id.Busy) }
+
+// IdleShare is the share of the span idle before forwards of kind.
+func (id Idle) IdleShare(kind string) float64 { return id.share(id.Before[kind].Idle) }
+
+func (id Idle) share(d time.Duration) float64 {
+	if id.Span <= 0 {
+		return 0
+	}
+	return float64(d) / float64(id.Span)
+}
+
+// Mean is the mean gap (0 with none).
+func (g Gap) Mean() time.Duration {
+	if g.Forwards == 0 {
+		return 0
+	}
+	return g.Idle / time.Duration(g.Forwards)
+}
+
 // decodeMode is the step attribute shardd.mode of a decode step.
 const decodeMode = "CACHE_MODE_DECODE"
 

@@ -148,13 +148,10 @@ func reportIdle(w io.Writer, byHop map[string]Idle) {
 	}
 	for _, h := range hops {
 		id := byHop[h]
-		if id.Span <= 0 {
-			continue
-		}
-		fmt.Fprintf(w, "  %-24s busy %.1f%%, %d forwards, a decode group %d rows", h, 100*float64(id.Busy)/float64(id.Span), id.Forwards, id.Group)
+		fmt.Fprintf(w, "  %-24s busy %.1f%%, %d forwards, a decode group %d rows", h, 100*id.BusyShare(), id.Forwards, id.Group)
 		for _, k := range BeforeKinds {
 			if g := id.Before[k]; g.Forwards > 0 {
-				fmt.Fprintf(w, "; before %s %.1f%%, %s (%d)", k, 100*float64(g.Idle)/float64(id.Span), (g.Idle / time.Duration(g.Forwards)).Round(10*time.Microsecond), g.Forwards)
+				fmt.Fprintf(w, "; before %s %.1f%%, %s (%d)", k, 100*id.IdleShare(k), g.Mean().Round(10*time.Microsecond), g.Forwards)
 			}
 		}
 		fmt.Fprintln(w)

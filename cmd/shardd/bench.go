@@ -35,8 +35,8 @@ output token (TPOT) and end-to-end latency (p50/p90/p99/max, HdrHistogram), outp
 (to the last token, and steady: until the arrivals ended), requests/s, goodput under --slo,
 per-hop execution and wire time, per-stage latency and each worker's idle between forwards (by
 the kind of forward that ended it) from worker spans, errors by ErrorCode, and the harness's own
-CPU time per token. For the workers it starts, also each one's share of the
-run in forward calls, rows per forward and cost model (from their metrics).
+CPU time per token. For the workers it starts, also each one's share of the run in forward
+calls, rows per forward and cost model (from their metrics).
 
 Target: an existing route (--route A,B,...), or a route it starts from a model (--model FILE with
 --shards N [--by cost [--kv-cells N]] or --ranges 0:8,8:12, cut as 'shardd split' cuts): one
