@@ -108,6 +108,9 @@ func (e *Engine) parseChunk(st *stream, w *work, env *shardv1.Envelope, b *shard
 		}
 		w.chunk = chunkInfo{index: c.ChunkIndex, count: c.ChunkCount, final: c.FinalChunk}
 		w.Final = c.FinalChunk
+		if !w.Final && c.ChunkCount > 0 {
+			w.PromptEnd = w.First + w.Tokens*int(c.ChunkCount-c.ChunkIndex)
+		}
 	}
 	return e.parseBundle(w, b, st.zstdIn)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/meshnet/shardd/bufpool"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
@@ -261,6 +262,7 @@ type unit struct {
 	mode     shardv1.CacheMode
 	info     *shardv1.ChunkInfo
 	in       []*shardv1.NamedTensor
+	out      []*shardv1.NamedTensor // the last hop's (a pipelined prefill's)
 }
 
 // maxHistoryBytes bounds the inputs a generation keeps for failovers;
@@ -275,7 +277,7 @@ func (g *gen) remember(u *unit) {
 		return
 	}
 	for i, t := range u.in {
-		c := t.CloneVT()
+		c := cloneTensor(t)
 		for _, f := range c.Fragments {
 			g.histBytes += len(f.Payload)
 		}
@@ -286,6 +288,16 @@ func (g *gen) remember(u *unit) {
 		return
 	}
 	g.hist = append(g.hist, u)
+}
+
+// cloneTensor copies t out of the receive buffer it may alias: CloneVT
+// copies the payloads, but a string it shares, and the unsafe unmarshal
+// made the name a view of the buffer, which the stream's next exchange
+// reuses.
+func cloneTensor(t *shardv1.NamedTensor) *shardv1.NamedTensor {
+	c := t.CloneVT()
+	c.Name = strings.Clone(c.Name)
+	return c
 }
 
 // forget drops the history: the session is prefilled from position 0.

@@ -1,6 +1,7 @@
 package route
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/meshnet/shardd/engine"
 	"github.com/meshnet/shardd/engine/enginetest"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 )
 
 // standbyRoute serves a 2-hop route and, per hop, standbys more workers
@@ -183,5 +185,30 @@ func TestParseRoute(t *testing.T) {
 		if _, _, err := ParseRoute(bad); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
+	}
+}
+
+// A hop's output is unmarshaled in place: its payloads and its name are
+// views of the stream's receive buffer, which the next exchange reuses.
+// The copies the history and a pipelined prefill keep must own every
+// byte, the name included (CloneVT shares strings).
+func TestCloneTensorOwnsItsBytes(t *testing.T) {
+	src := &shardv1.NamedTensor{Name: "hidden_states", Shape: []int64{1, 2}, Dtype: shardv1.DType_DTYPE_BFLOAT16,
+		Fragments: []*shardv1.TensorFragment{{FragmentCount: 1, Payload: []byte{1, 2, 3, 4}}}}
+	buf, err := src.MarshalVT()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var view shardv1.NamedTensor
+	if err := view.UnmarshalVTUnsafe(buf); err != nil {
+		t.Fatal(err)
+	}
+	c := cloneTensor(&view)
+	clear(buf) // the receive buffer reused
+	if view.Name == src.Name {
+		t.Fatalf("the unmarshaled name did not alias the buffer; the test shows nothing")
+	}
+	if c.Name != src.Name || !bytes.Equal(c.Fragments[0].Payload, src.Fragments[0].Payload) {
+		t.Fatalf("copy changed with the buffer: name %q payload %v", c.Name, c.Fragments[0].Payload)
 	}
 }

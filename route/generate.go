@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -122,6 +123,10 @@ type gen struct {
 	hist      []*unit
 	histBytes int
 	noHist    bool
+	// mu is held by whichever of a pipelined prefill's stages runs the
+	// generation's code; piped says one runs (pipeline.go).
+	mu    sync.Mutex
+	piped bool
 }
 
 // Generate runs one generation, calling emit with each token as it is
@@ -258,19 +263,50 @@ func (g *gen) rowsKnown() bool {
 }
 
 // prefill feeds tokens from position 0 in chunks and returns the logits of
-// the last position.
+// the last position: through the hops as a pipeline (prefillPiped) where
+// there are several chunks and hops, else one chunk through every hop
+// after another.
 func (g *gen) prefill(tokens []int32) ([]float32, error) {
-	count := (len(tokens) + g.chunk - 1) / g.chunk
-	var logits []float32
-	for c := range count {
-		lo, hi := c*g.chunk, min(len(tokens), (c+1)*g.chunk)
+	size := g.chunk
+	if k := g.pipeChunks(); k > 1 {
+		size = min(size, max((len(tokens)+k-1)/k, 1))
+	}
+	count := (len(tokens) + size - 1) / size
+	units := make([]*unit, count)
+	for c := range units {
+		lo, hi := c*size, min(len(tokens), (c+1)*size)
 		info := &shardv1.ChunkInfo{ChunkIndex: uint32(c), ChunkCount: uint32(count), FinalChunk: c == count-1}
+		units[c] = g.newUnit(lo, tokens[lo:hi], shardv1.CacheMode_CACHE_MODE_PREFILL, info)
+	}
+	if count > 1 && g.pipeChunks() > 0 {
+		out, err := g.prefillPiped(units)
+		if err != nil {
+			return nil, err
+		}
+		return g.outputLogits(out)
+	}
+	var logits []float32
+	for _, u := range units {
 		var err error
-		if logits, err = g.run(lo, tokens[lo:hi], shardv1.CacheMode_CACHE_MODE_PREFILL, info); err != nil {
+		if logits, err = g.runUnit(u); err != nil {
 			return nil, err
 		}
 	}
 	return logits, nil
+}
+
+// pipeChunks is the fewest chunks a prompt is cut into
+// (Options.PipelineChunks): 0 where the chunks go through the hops one
+// after another (one hop, or pipelining off).
+func (g *gen) pipeChunks() int {
+	k := g.r.opts.PipelineChunks
+	switch {
+	case len(g.streams) < 2 || k < 0:
+		return 0
+	case k == 0:
+		return 2 * len(g.streams)
+	}
+	return k
 }
 
 // decode feeds one token at pos through the DecodeStep fast path.
@@ -280,6 +316,35 @@ func (g *gen) decode(pos int, tok int32) ([]float32, error) {
 
 // run sends one unit of work through every hop and returns the logits.
 func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.ChunkInfo) ([]float32, error) {
+	return g.runUnit(g.newUnit(first, ids, mode, info))
+}
+
+// runUnit sends unit u through every hop and returns the logits.
+func (g *gen) runUnit(u *unit) ([]float32, error) {
+	if u.first == 0 && u.mode == shardv1.CacheMode_CACHE_MODE_PREFILL {
+		g.forget() // a prefill from position 0: history starts again
+	}
+	var tensors []*shardv1.NamedTensor
+	for i := range g.streams {
+		out, err := g.send(i, u)
+		if err == nil {
+			err = g.took(i, u, out)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if i < len(g.streams)-1 {
+			u.in[i+1] = out[0]
+		}
+		tensors = out
+	}
+	g.remember(u)
+	return g.outputLogits(tensors)
+}
+
+// newUnit frames a unit of work of token ids from position first as the
+// first hop's input, under the generation's next step.
+func (g *gen) newUnit(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.ChunkInfo) *unit {
 	g.step++
 	body := make([]byte, 0, 4*len(ids))
 	for _, id := range ids {
@@ -289,32 +354,28 @@ func (g *gen) run(first int, ids []int32, mode shardv1.CacheMode, info *shardv1.
 	g.framer.Frame(tensor, tensorname.InputIDs, []int64{int64(len(ids))}, shardv1.DType_DTYPE_INT32, body, frameout.Options{})
 	u := &unit{step: g.step, workID: fmt.Sprintf("%s/%d", g.id, g.step), first: first, n: len(ids), mode: mode, info: info,
 		in: make([]*shardv1.NamedTensor, len(g.streams))}
-	if first == 0 && mode == shardv1.CacheMode_CACHE_MODE_PREFILL {
-		g.forget() // a prefill from position 0: history starts again
+	u.in[0] = tensor
+	return u
+}
+
+// took checks hop i's output for unit u and counts it in the statistics.
+func (g *gen) took(i int, u *unit, out []*shardv1.NamedTensor) error {
+	if err := g.checkOutput(i, out, u.n); err != nil {
+		return err
 	}
-	input := tensor
-	var tensors []*shardv1.NamedTensor
-	for i := range g.streams {
-		u.in[i] = input
-		out, err := g.send(i, u)
-		if err != nil {
-			return nil, err
+	for _, t := range out {
+		for _, f := range t.Fragments {
+			g.stats.Hops[i].OutBytes += int64(len(f.Payload))
 		}
-		if err := g.checkOutput(i, out, len(ids)); err != nil {
-			return nil, err
-		}
-		for _, t := range out {
-			for _, f := range t.Fragments {
-				g.stats.Hops[i].OutBytes += int64(len(f.Payload))
-			}
-		}
-		if i < len(g.streams)-1 {
-			g.stats.Hops[i].Output = out[0].GetDtype()
-			input = out[0]
-		}
-		tensors = out
 	}
-	g.remember(u)
+	if i < len(g.streams)-1 {
+		g.stats.Hops[i].Output = out[0].GetDtype()
+	}
+	return nil
+}
+
+// outputLogits decodes the last hop's output: the logits of the last row.
+func (g *gen) outputLogits(tensors []*shardv1.NamedTensor) ([]float32, error) {
 	if g.topK > 0 {
 		if err := g.decodeTop(tensors); err != nil {
 			return nil, err

@@ -306,7 +306,7 @@ func (g *gen) callOnce(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTens
 		hs.Calls++
 		hs.Wall += wall
 		last := &g.streams[i].last
-		last.step, last.wall = g.step, wall
+		last.step, last.wall = requestStep(req), wall
 		last.decode = req.GetDecode() != nil || req.GetChunk().GetEnvelope().GetPhase() == shardv1.Phase_PHASE_DECODE
 		if ack == nil && st == nil {
 			// The output came first; its Ack is read at the next exchange.
@@ -329,6 +329,14 @@ func (g *gen) callOnce(i int, req *shardv1.SessionRequest) ([]*shardv1.NamedTens
 		return chunk.GetBundle().GetTensors(), nil
 	}
 	return nil, &HopDownError{Hop: i, Addr: g.hops[i].Addr, Cause: fmt.Errorf("step failed after %d attempts: %w", g.r.opts.Retries+1, lastErr)}
+}
+
+// requestStep is the idempotency step req carries.
+func requestStep(req *shardv1.SessionRequest) uint64 {
+	if d := req.GetDecode(); d != nil {
+		return d.GetIdempotencyStep()
+	}
+	return req.GetChunk().GetEnvelope().GetIdempotencyStep()
 }
 
 // countAck adds an Ack's figures to hop i's statistics.
@@ -355,7 +363,10 @@ func (g *gen) exchange(i int, req *shardv1.SessionRequest) (*shardv1.ActivationC
 	s.recycle()
 	s.watchdog.Reset(g.r.opts.StepTimeout)
 	defer s.watchdog.Stop()
-	if err := s.stream.Send(req); err != nil {
+	g.yield()
+	err := s.stream.Send(req)
+	g.resume()
+	if err != nil {
 		return nil, nil, nil, err
 	}
 	var chunk *shardv1.ActivationChunk
@@ -363,7 +374,10 @@ func (g *gen) exchange(i int, req *shardv1.SessionRequest) (*shardv1.ActivationC
 		resp := s.response()
 		// Still held on error: RecvMsg may have failed after decoding.
 		s.held = append(s.held, resp)
-		if err := s.stream.RecvMsg(resp); err != nil {
+		g.yield()
+		err := s.stream.RecvMsg(resp)
+		g.resume()
+		if err != nil {
 			if err == io.EOF {
 				return nil, nil, nil, io.ErrUnexpectedEOF
 			}

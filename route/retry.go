@@ -160,6 +160,8 @@ func (g *gen) rideOut(since *time.Time, try int, err error) error {
 	g.stats.BusyWait += wait
 	t := time.NewTimer(wait)
 	defer t.Stop()
+	g.yield()
+	defer g.resume()
 	select {
 	case <-t.C:
 		return nil

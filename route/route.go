@@ -6,7 +6,8 @@
 // before any work, that the hops are validated, serve the same model, and
 // tile the layers from 0 with no gap; their runtime recipes may differ
 // (Route.Mixed). Each Generate opens one Session stream per hop,
-// sends the prompt as bounded prefill chunks, passes each hop's output tensor
+// sends the prompt as bounded prefill chunks, pipelined through the hops
+// (pipeline.go), passes each hop's output tensor
 // to the next hop unchanged (it is already framed and checksummed), decodes
 // through the DecodeStep fast path and samples at the head. A step's output
 // is used as soon as it arrives; its Ack, which a worker sends after the
@@ -25,6 +26,7 @@
 // Files, by what they own:
 //   - route.go: Options, Dial, the hops and the checks that they tile one model;
 //   - generate.go: a generation's loop (prefill chunks, decode steps, sampling);
+//   - pipeline.go: a prompt's chunks through the hops as a pipeline;
 //   - hop.go: the exchange with one hop (framing, send, output and Ack, release);
 //   - output.go: checking each hop's output and decoding the last hop's logits;
 //   - retry.go: busy refusals, recipe changes and CACHE_MISS rebuilds;
@@ -67,11 +69,18 @@ type Options struct {
 	// smallest max_prefill_chunk_tokens the hops grant, at most 128 while
 	// the route has not returned hidden states yet and then at most 512
 	// and what keeps a chunk of hidden states within every hop's
-	// max_chunk_bytes. The chunks of a prompt go through the hops one
-	// after another, so fewer chunks are fewer round trips: a 480-token
-	// conversation history answered mostly by the workers' prefix caches
-	// takes one instead of four.
+	// max_chunk_bytes.
 	PrefillChunk int
+	// PipelineChunks: on a route of more than one hop, a prompt goes
+	// through the hops as a pipeline (hop i+1 runs a chunk while hop i
+	// runs the next), cut into at least this many chunks, none under a
+	// token; 0: two per hop. A prompt's longer than PrefillChunk goes in
+	// chunks of that size, pipelined alike. Its first tokens reach the
+	// last hop sooner, and the sessions that start together finish their
+	// prompts together, a chunk a forward on every hop at once, where
+	// whole prompts left the later hops idle while the first ran them.
+	// Negative: the chunks go through every hop one after another.
+	PipelineChunks int
 	// Retries per step per hop after a transport error. Default 3.
 	Retries int
 	// BusyTimeout bounds how long a generation without a deadline of its
@@ -115,8 +124,8 @@ type Options struct {
 	// Observe, when set, is told of every step a hop acknowledged (not
 	// duplicates): wall is the head's time from sending the step to its
 	// output (or Ack), exec the worker's execution_nanos. It is called on
-	// the generation's goroutine, from many generations at once, and must
-	// not block.
+	// one of the generation's goroutines, from many generations at once,
+	// and must not block.
 	Observe func(StepSample)
 }
 

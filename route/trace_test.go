@@ -74,7 +74,8 @@ func TestGenerationSpanTree(t *testing.T) {
 	}
 	defer r.Close()
 	const n = 3
-	if _, err := r.Generate(context.Background(), Request{Prompt: []int32{1, 2, 3}, MaxTokens: n}, func(int32) error { return nil }); err != nil {
+	prompt := []int32{1, 2, 3}
+	if _, err := r.Generate(context.Background(), Request{Prompt: prompt, MaxTokens: n}, func(int32) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	// Workers make step spans in batches after replying: wait for them.
@@ -141,9 +142,10 @@ func TestGenerationSpanTree(t *testing.T) {
 			}
 		}
 	}
-	// One prefill and n-1 decode steps on each hop.
-	if steps["hop-a"] != n || steps["hop-b"] != n {
-		t.Fatalf("steps per hop %v, want %d each", steps, n)
+	// The prompt a token a chunk (pipelined: two chunks a hop at least,
+	// none under a token) and n-1 decode steps on each hop.
+	if want := len(prompt) + n - 1; steps["hop-a"] != want || steps["hop-b"] != want {
+		t.Fatalf("steps per hop %v, want %d each", steps, want)
 	}
 }
 

@@ -80,7 +80,7 @@ type benchFlags struct {
 	seed                                                                                 uint64
 	links, openai                                                                        listFlag
 	apiKey, kill                                                                         string
-	standbys                                                                             int
+	standbys, pipeChunks                                                                 int
 	vocab                                                                                int
 	cut                                                                                  cutFlags
 	tls                                                                                  *tlsFlags
@@ -120,6 +120,7 @@ func (f *benchFlags) addTargetFlags(fs *flag.FlagSet) {
 	fs.Var(&f.links, "link", "network condition of a hop, HOP=latency:5ms,jitter:1ms,bandwidth:1gbit (repeatable)")
 	fs.StringVar(&f.compact, "compact-logits", "off", "on: ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k) instead of the whole vocabulary's, the same tokens; both: also a target 'route+compact' on the route's workers and --link proxies, in interleaved rounds with 'route'")
 	fs.DurationVar(&f.stepTimeout, "step-timeout", 60*time.Second, "deadline of one step on one worker")
+	fs.IntVar(&f.pipeChunks, "pipeline-chunks", 0, "the head cuts a prompt into at least this many chunks, pipelined through the route's hops (0: two per hop; -1: each chunk through every hop before the next)")
 }
 
 func (f *benchFlags) addWorkloadFlags(fs *flag.FlagSet) {
@@ -468,7 +469,7 @@ func baselines(threads, cpus string) ([]load.Baseline, error) {
 // runRounds runs every target at every level, round after round, so the
 // targets see the same machine conditions.
 func (c *benchConfig) runRounds(ctx context.Context, targets []load.Target, rep *load.Report) error {
-	opts := load.RunOptions{Route: route.Options{StepTimeout: c.f.stepTimeout, CompactLogits: c.f.compact == "on"}}
+	opts := load.RunOptions{Route: route.Options{StepTimeout: c.f.stepTimeout, CompactLogits: c.f.compact == "on", PipelineChunks: c.f.pipeChunks}}
 	if c.f.route != "" {
 		var err error
 		if _, _, opts.Route.TLS, err = routeSpec(c.f.route, c.f.tls); err != nil {

@@ -52,9 +52,14 @@ type Item struct {
 	Expected uint64 // expected_past_len (Decode)
 	First    int    // first position
 	Tokens   int
-	Final    bool  // last chunk of a prefill (or a single-chunk prefill)
-	Deadline int64 // unix nanoseconds; 0: none
-	Length   int   // session_tokens: the session's stated length (0: not stated)
+	Final    bool // last chunk of a prefill (or a single-chunk prefill)
+	// PromptEnd bounds where the prompt of a chunk that is not its last
+	// ends: its first position plus its tokens times the chunks left,
+	// this one included (0: unknown). A scheduling hint (crowd), not
+	// trusted for anything else.
+	PromptEnd int
+	Deadline  int64 // unix nanoseconds; 0: none
+	Length    int   // session_tokens: the session's stated length (0: not stated)
 	// OutPos are the positions that produce logits (absolute; nil: the
 	// last row only), on a shard that produces logits.
 	OutPos []int32

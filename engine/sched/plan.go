@@ -400,10 +400,18 @@ func (s *Scheduler) crowd(prefills []*sessQueue, decodes int, now time.Time) boo
 	return true
 }
 
-// wholeShort reports whether w is a whole short prompt: one chunk from
-// position 0, final, of at most PrefillIterationTokens tokens left.
+// wholeShort reports whether w is a short prompt, or a chunk of one: a
+// prompt that ends within PrefillIterationTokens positions (a head that
+// pipelines a short prompt through the hops sends it in chunks).
 func (s *Scheduler) wholeShort(w *Item) bool {
-	return w.Mode == Prefill && w.First == 0 && w.Final && w.Tokens-w.Done <= s.cfg.PrefillIterationTokens
+	if w.Mode != Prefill {
+		return false
+	}
+	end := w.PromptEnd
+	if w.Final {
+		end = w.First + w.Tokens
+	}
+	return end > 0 && end-w.Done <= s.cfg.PrefillIterationTokens
 }
 
 // overdueTokens is the tokens left of the whole short prompts that have

@@ -20,8 +20,9 @@ import (
 //	    [decode-quiet=D] [decode-groups=N] [max-sessions=N] [exact]
 //	    [max-seqs=N] [max-batch=N] [ctx-tokens=N]
 //	                     a fresh scheduler (D: a duration, or -1 for off)
-//	submit               one item a line: "<session> <tokens> [streamed]",
-//	                     tokens 0 for a decode step; streamed: not final
+//	submit               one item a line: "<session> <tokens> [streamed|of=K]",
+//	                     tokens 0 for a decode step; streamed: not final;
+//	                     of=K: not final, K chunks of this size left
 //	prefilled n=N        each session named in the input runs a prompt of
 //	                     N tokens and is answered
 //	decode-every-ms id=S S decodes alone, a step a millisecond, until the
@@ -99,7 +100,12 @@ func (sc *script) command(t *testing.T, d *datadriven.TestData) string {
 		for _, line := range lines(d) {
 			f := strings.Fields(line)
 			it := sc.make(f[0], atoi(t, d, f[1]))
-			it.Final = len(f) < 3 || f[2] != "streamed"
+			if len(f) > 2 {
+				it.Final = false // streamed: where the prompt ends is not known
+				if k, ok := strings.CutPrefix(f[2], "of="); ok {
+					it.PromptEnd = it.First + it.Tokens*atoi(t, d, k)
+				}
+			}
 			sc.queue(it)
 		}
 	case "prefilled":
