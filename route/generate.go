@@ -304,7 +304,7 @@ func (g *gen) pipeChunks() int {
 	case len(g.streams) < 2 || k < 0:
 		return 0
 	case k == 0:
-		return 2 * len(g.streams)
+		return 1
 	}
 	return k
 }

@@ -71,15 +71,17 @@ type Options struct {
 	// and what keeps a chunk of hidden states within every hop's
 	// max_chunk_bytes.
 	PrefillChunk int
-	// PipelineChunks: on a route of more than one hop, a prompt goes
-	// through the hops as a pipeline (hop i+1 runs a chunk while hop i
-	// runs the next), cut into at least this many chunks, none under a
-	// token; 0: two per hop. A prompt's longer than PrefillChunk goes in
-	// chunks of that size, pipelined alike. Its first tokens reach the
-	// last hop sooner, and the sessions that start together finish their
-	// prompts together, a chunk a forward on every hop at once, where
-	// whole prompts left the later hops idle while the first ran them.
-	// Negative: the chunks go through every hop one after another.
+	// PipelineChunks: on a route of more than one hop, a prompt of
+	// several chunks goes through the hops as a pipeline: hop i+1 runs a
+	// chunk while hop i runs the next. Above 1, every prompt is cut into
+	// this many chunks at least (a token each when shorter); 0 and 1 keep
+	// the chunks of PrefillChunk. Cut, the sessions that start together
+	// finish their prompts together, a chunk a forward on every hop at
+	// once, where whole prompts leave the later hops idle while the first
+	// runs them (4 on a 2-hop route: "Pipeline" in PERF.md). The cost: a
+	// prompt's rows computed in smaller batches, whose last bits differ
+	// from a whole prompt's outside --exact. Negative: each chunk goes
+	// through every hop before the next is sent.
 	PipelineChunks int
 	// Retries per step per hop after a transport error. Default 3.
 	Retries int

@@ -142,9 +142,8 @@ func TestGenerationSpanTree(t *testing.T) {
 			}
 		}
 	}
-	// The prompt a token a chunk (pipelined: two chunks a hop at least,
-	// none under a token) and n-1 decode steps on each hop.
-	if want := len(prompt) + n - 1; steps["hop-a"] != want || steps["hop-b"] != want {
+	// One prefill chunk and n-1 decode steps on each hop.
+	if want := 1 + n - 1; steps["hop-a"] != want || steps["hop-b"] != want {
 		t.Fatalf("steps per hop %v, want %d each", steps, want)
 	}
 }

@@ -120,7 +120,7 @@ func (f *benchFlags) addTargetFlags(fs *flag.FlagSet) {
 	fs.Var(&f.links, "link", "network condition of a hop, HOP=latency:5ms,jitter:1ms,bandwidth:1gbit (repeatable)")
 	fs.StringVar(&f.compact, "compact-logits", "off", "on: ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k) instead of the whole vocabulary's, the same tokens; both: also a target 'route+compact' on the route's workers and --link proxies, in interleaved rounds with 'route'")
 	fs.DurationVar(&f.stepTimeout, "step-timeout", 60*time.Second, "deadline of one step on one worker")
-	fs.IntVar(&f.pipeChunks, "pipeline-chunks", 0, "the head cuts a prompt into at least this many chunks, pipelined through the route's hops (0: two per hop; -1: each chunk through every hop before the next)")
+	fs.IntVar(&f.pipeChunks, "pipeline-chunks", 0, "the head cuts a prompt into this many chunks, pipelined through the route's hops (0: the chunks of the workers' prefill limit, pipelined; -1: each chunk through every hop before the next); smaller chunks differ in their last bits from a whole prompt outside --exact")
 }
 
 func (f *benchFlags) addWorkloadFlags(fs *flag.FlagSet) {

@@ -44,7 +44,13 @@ func ServeRoute(t T, n int, d time.Duration, cfg engine.Config) []string {
 // shard served twice computes the same outputs (a standby).
 func ServeShard(t T, i, n int, d time.Duration, cfg engine.Config) (addr string, stop func()) {
 	t.Helper()
-	be := backendtest.NewDelay(i == 0, i == n-1, d)
+	return ServeFake(t, i, n, backendtest.NewDelay(i == 0, i == n-1, d), cfg)
+}
+
+// ServeFake serves shard i of a route of n as ServeShard does, on the
+// test double be (whose Gate or Entered the test may hold).
+func ServeFake(t T, i, n int, be *backendtest.Fake, cfg engine.Config) (addr string, stop func()) {
+	t.Helper()
 	meta := gguf.Meta{Arch: "llama", BlockCount: 1, Start: i, End: i + 1, Total: n, FileType: "f32",
 		SourceDigest: "00000000000000000000000000000000000000000000000000000000000000aa"}
 	eng := engine.New(cfg, be, meta, slog.New(slog.NewTextHandler(io.Discard, nil)))
