@@ -28,7 +28,7 @@ func init() {
 
 type apiFlags struct {
 	route, listen, tokenizer, modelID, chatTemplate, keys *string
-	maxInflight, maxQueue, maxTokens, chunk               *int
+	maxInflight, maxQueue, maxTokens, chunk, pipeChunks   *int
 	maxBody                                               *int64
 	requestTimeout, stepTimeout                           *time.Duration
 	compact                                               *bool
@@ -56,6 +56,7 @@ func parseAPI(args []string) (*apiFlags, error) {
 	f.compact = fs.Bool("compact-logits", true, "ask the last hop for the best K logits only where sampling needs no more (greedy, top-k): the same tokens, far fewer bytes")
 	f.stepTimeout = fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker")
 	f.chunk = fs.Int("prefill-chunk", 0, "tokens per prefill chunk (0: what the workers grant)")
+	f.pipeChunks = fs.Int("pipeline-chunks", 0, pipelineChunksHelp)
 	f.tls = addServerTLS(fs)
 	f.workerTLS = addClientTLSNamed(fs, "worker-")
 	f.tel = addTelemetryFlags(fs)
@@ -102,7 +103,7 @@ func runAPI(args []string) error {
 	if err != nil {
 		return err
 	}
-	r, err := route.Dial(ctx, hops, route.Options{StepTimeout: *f.stepTimeout, PrefillChunk: *f.chunk,
+	r, err := route.Dial(ctx, hops, route.Options{StepTimeout: *f.stepTimeout, PrefillChunk: *f.chunk, PipelineChunks: *f.pipeChunks,
 		TracerProvider: tel.TracerProvider(), TLS: workerTLS, CompactLogits: *f.compact, Alternates: alts})
 	if err != nil {
 		return err

@@ -67,6 +67,9 @@ register there, and a second target 'route+relay' drives the same workers with t
 through the relay, in interleaved rounds with the direct 'route': the ratio column is the
 relay's cost. A route you run takes relay://HOST:PORT/NAME hops in --route.`
 
+// pipelineChunksHelp is --pipeline-chunks' help (route.Options.PipelineChunks).
+const pipelineChunksHelp = "cut every prompt into at least this many chunks (a token each when shorter), pipelined through the route's hops, hop i+1 on a chunk while hop i runs the next: a long prompt's first token comes sooner, and sessions that start together keep every hop busy (4 on 2 hops); a prompt's rows then differ in their last bits from a whole prompt's outside --exact (0: the chunks of --prefill-chunk, pipelined; -1: each chunk through every hop before the next)"
+
 // benchFlags are bench's flags as given; parseBench turns them into a
 // benchConfig.
 type benchFlags struct {
@@ -120,7 +123,7 @@ func (f *benchFlags) addTargetFlags(fs *flag.FlagSet) {
 	fs.Var(&f.links, "link", "network condition of a hop, HOP=latency:5ms,jitter:1ms,bandwidth:1gbit (repeatable)")
 	fs.StringVar(&f.compact, "compact-logits", "off", "on: ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k) instead of the whole vocabulary's, the same tokens; both: also a target 'route+compact' on the route's workers and --link proxies, in interleaved rounds with 'route'")
 	fs.DurationVar(&f.stepTimeout, "step-timeout", 60*time.Second, "deadline of one step on one worker")
-	fs.IntVar(&f.pipeChunks, "pipeline-chunks", 0, "the head cuts a prompt into this many chunks, pipelined through the route's hops (0: the chunks of the workers' prefill limit, pipelined; -1: each chunk through every hop before the next); smaller chunks differ in their last bits from a whole prompt outside --exact")
+	fs.IntVar(&f.pipeChunks, "pipeline-chunks", 0, pipelineChunksHelp)
 }
 
 func (f *benchFlags) addWorkloadFlags(fs *flag.FlagSet) {

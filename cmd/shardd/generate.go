@@ -30,7 +30,7 @@ func init() {
 type genFlags struct {
 	route, promptTokens, prompt, system, chatTemplate, tokenizer, verifyModel *string
 	chat, compact, replay                                                     *bool
-	maxTokens, topK, chunk                                                    *int
+	maxTokens, topK, chunk, pipeChunks                                        *int
 	temperature, topP                                                         *float64
 	seed                                                                      *uint64
 	timeout, overall                                                          *time.Duration
@@ -59,6 +59,7 @@ func parseGenerate(args []string) (*genFlags, error) {
 	f.seed = fs.Uint64("seed", 1, "sampling seed")
 	f.compact = fs.Bool("compact-logits", false, "ask the last hop for the best K logits only where sampling needs no more (greedy: K=1; --top-k k: K=k), not the whole vocabulary's: the same tokens, 8K bytes a token instead of 4 x vocab")
 	f.chunk = fs.Int("prefill-chunk", 0, "tokens per prefill chunk (0: what the workers grant, at most 128)")
+	f.pipeChunks = fs.Int("pipeline-chunks", 0, pipelineChunksHelp)
 	f.replay = fs.Bool("replay-recovery", false, "rebuild a session a worker lost in the shapes it was built in (prompt chunks, then a decode step per generated token): with --exact workers the tokens after a recovery equal an uninterrupted run's")
 	f.timeout = fs.Duration("step-timeout", 60*time.Second, "deadline of one step on one worker; a worker that does not answer within it (after --step-timeout x 4 with the retries) fails the generation")
 	f.overall = fs.Duration("timeout", 0, "deadline of the whole generation, connecting included (0: none)")
@@ -166,7 +167,7 @@ func (f *genFlags) dial(ctx context.Context, tp trace.TracerProvider) (*route.Ro
 	if err != nil {
 		return nil, err
 	}
-	return route.Dial(ctx, hops, route.Options{StepTimeout: *f.timeout, PrefillChunk: *f.chunk, TracerProvider: tp,
+	return route.Dial(ctx, hops, route.Options{StepTimeout: *f.timeout, PrefillChunk: *f.chunk, PipelineChunks: *f.pipeChunks, TracerProvider: tp,
 		TLS: tlsCfg, ReplayRecovery: *f.replay, CompactLogits: *f.compact, Alternates: alts})
 }
 
