@@ -108,11 +108,20 @@ func (e *Engine) parseChunk(st *stream, w *work, env *shardv1.Envelope, b *shard
 		}
 		w.chunk = chunkInfo{index: c.ChunkIndex, count: c.ChunkCount, final: c.FinalChunk}
 		w.Final = c.FinalChunk
-		if !w.Final && c.ChunkCount > 0 {
-			w.PromptEnd = w.First + w.Tokens*int(c.ChunkCount-c.ChunkIndex)
-		}
+		w.PromptEnd = promptEnd(w.First, w.Tokens, c)
 	}
 	return e.parseBundle(w, b, st.zstdIn)
+}
+
+// promptEnd bounds where the prompt of chunk c (first position first, of
+// tokens tokens) ends, for the scheduler (sched.Item.PromptEnd): its chunks
+// left, this one included, as long as it, the last no longer; 0 for the
+// last chunk (its own end is known) or an unknown count.
+func promptEnd(first, tokens int, c *shardv1.ChunkInfo) int {
+	if c.FinalChunk || c.ChunkCount == 0 {
+		return 0
+	}
+	return first + tokens*int(c.ChunkCount-c.ChunkIndex)
 }
 
 // f32s views little-endian float32 bytes as []float32 without copying (the

@@ -54,9 +54,10 @@ type Config struct {
 	DecodeBudget time.Duration
 	// PrefillIterationTokens: the budget of a prefill-only iteration while no
 	// session is decoding, and of the prompt tokens of any iteration while a
-	// crowd of whole prompts of at most this many tokens waits (two or more,
-	// over two thirds as many as the sessions decoding). Larger is better
-	// prefill throughput, and longer decode steps beside a crowd.
+	// crowd of prompts of at most this many tokens, or their chunks, waits
+	// (two or more, over two thirds as many as the sessions decoding).
+	// Larger is better prefill throughput, and longer decode steps beside
+	// a crowd.
 	PrefillIterationTokens int
 	// DecodeQuiet: for this long after a decode step ran, prefill-only
 	// iterations keep the small IterationTokens budget, since another

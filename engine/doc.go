@@ -36,10 +36,10 @@
 //	prefill: fewest tokens left first, oldest   -                          -                                    sched/testdata/prefill_shortest_first,
 //	  first once a chunk waited 1 s                                                                             TestPlanPrefillPatience
 //	prefill-only iterations take this many      --prefill-iteration-tokens shardd.batch.rows                    sched/testdata/prefill_shortest_first
-//	a crowd of short whole prompts (2 or more,  --prefill-iteration-tokens shardd.prefill.crowds               sched/testdata/prompts_outnumber_decoders
-//	  over 2/3 of the decoding sessions): a
-//	  whole prefill budget beside the decode
-//	  rows
+//	a crowd of short prompts, or their chunks   --prefill-iteration-tokens shardd.prefill.crowds               sched/testdata/prompts_outnumber_decoders
+//	  (2 or more, over 2/3 of the decoding
+//	  sessions): a whole prefill budget beside
+//	  the decode rows
 //	short whole prompts waiting over 1 s: their --prefill-iteration-tokens -                                    sched/testdata/prompt_overdue
 //	  rows beside the decode rows, whatever the
 //	  decode budget

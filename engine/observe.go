@@ -129,7 +129,7 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	gauge("shardd.prefix.bytes", "bytes of KV state and output rows the prefix cache holds (bounded by --prefix-cache-bytes)", func() float64 { return float64(e.Stats().PrefixBytes) })
 	gauge("shardd.cost.beside_row", "measured seconds of a prefill row beside decode rows (what prefill beside a decode step is priced at)", func() float64 { return e.Stats().BesideRow.Seconds() })
 	counter("shardd.prefill.beside_probes", "decode iterations that took --iteration-tokens prefill rows while waiting prompts got none at the measured price, to price them again", func() int64 { return e.Stats().BesideProbes })
-	counter("shardd.prefill.crowds", "iterations that took --prefill-iteration-tokens of prompt tokens whatever the decode budget, for a crowd of whole short prompts: at least two, more than two thirds as many as the sessions decoding", func() int64 { return e.Stats().Crowds })
+	counter("shardd.prefill.crowds", "iterations that took --prefill-iteration-tokens of prompt tokens whatever the decode budget, for a crowd of short prompts or their chunks: at least two, more than two thirds as many as the sessions decoding", func() int64 { return e.Stats().Crowds })
 	counter("shardd.decode_due.waits", "prefill-only iterations not started because a decode step was due before one prefill token would finish", func() int64 { return e.Stats().DueWaits })
 	if ss, ok := e.be.(backend.StreamStater); ok {
 		counter("shardd.streams.placeholder_rows", "--exact: rows run only to fill a gap between the KV streams of a forward's sessions",

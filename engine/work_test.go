@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/meshnet/shardd/bufpool/bufpooltest"
+	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/stages"
 	"github.com/meshnet/shardd/stages/decode"
 )
@@ -56,4 +57,23 @@ func TestWorkRecycle(t *testing.T) {
 		}
 	}()
 	w.recycle()
+}
+
+// A chunk that is not its prompt's last bounds where the prompt ends, so
+// the scheduler can count the chunks of a short prompt as one (a crowd).
+func TestPromptEnd(t *testing.T) {
+	for _, c := range []struct {
+		first, tokens int
+		info          *shardv1.ChunkInfo
+		want          int
+	}{
+		{0, 2, &shardv1.ChunkInfo{ChunkIndex: 0, ChunkCount: 4}, 8},
+		{4, 2, &shardv1.ChunkInfo{ChunkIndex: 2, ChunkCount: 4}, 8},
+		{6, 2, &shardv1.ChunkInfo{ChunkIndex: 3, ChunkCount: 4, FinalChunk: true}, 0},
+		{0, 128, &shardv1.ChunkInfo{}, 0}, // no count: unknown
+	} {
+		if got := promptEnd(c.first, c.tokens, c.info); got != c.want {
+			t.Errorf("chunk %v at %d of %d tokens: prompt end %d, want %d", c.info, c.first, c.tokens, got, c.want)
+		}
+	}
 }

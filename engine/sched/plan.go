@@ -189,7 +189,7 @@ func (s *Scheduler) gatherDecodes(now time.Time, decodes []*sessQueue) ([]*sessQ
 // it carries decode steps: the decode rows plus the prefill tokens the cost
 // model predicts fit the decode budget (at least --iteration-tokens), now
 // and then the decode rows alone (to measure them), and a whole prefill
-// budget while a crowd of whole short prompts waits (crowd).
+// budget while a crowd of short prompts waits (crowd).
 // wait: hold prefill back for a decode step that is due.
 func (s *Scheduler) iterationBudget(now time.Time, decodes, prefills []*sessQueue) (budget int, limit time.Duration, wait bool) {
 	cfg := &s.cfg
@@ -353,9 +353,8 @@ func (s *Scheduler) preemptible(now time.Time, decodes int) bool {
 	return s.finishing() <= s.gather.active(now, time.Second)
 }
 
-// crowd reports whether a crowd of sessions waits for a whole short
-// prompt (one chunk from position 0, final, of at most
-// PrefillIterationTokens tokens): at least two of them, and more than two
+// crowd reports whether a crowd of sessions waits for a short prompt (or
+// a chunk of one, shortPrompt): at least two of them, and more than two
 // thirds as many as there are sessions decoding (those with a step in
 // this iteration, decodes, or that completed one within the last second).
 // Then an iteration takes PrefillIterationTokens of prompt tokens whatever
@@ -381,7 +380,8 @@ func (s *Scheduler) preemptible(now time.Time, decodes int) bool {
 // beside one decoding session it waits for its step and goes in beside it
 // within the budget. A long prompt streamed in chunks never counts: its
 // chunks take the budget beside the decoding sessions, which the budget is
-// there to protect.
+// there to protect. The chunks of a short one do (shortPrompt): a head that
+// pipelines prompts through the hops sends them so.
 func (s *Scheduler) crowd(prefills []*sessQueue, decodes int, now time.Time) bool {
 	if s.cfg.Exact || len(prefills) < 2 || 3*len(prefills) <= 2*decodes {
 		return false
@@ -389,7 +389,7 @@ func (s *Scheduler) crowd(prefills []*sessQueue, decodes int, now time.Time) boo
 	decoding := max(decodes, s.gather.active(now, time.Second))
 	first := 0
 	for _, q := range prefills {
-		if s.wholeShort(q.items[0]) {
+		if s.shortPrompt(q.items[0]) {
 			first++
 		}
 	}
@@ -400,10 +400,12 @@ func (s *Scheduler) crowd(prefills []*sessQueue, decodes int, now time.Time) boo
 	return true
 }
 
-// wholeShort reports whether w is a short prompt, or a chunk of one: a
-// prompt that ends within PrefillIterationTokens positions (a head that
-// pipelines a short prompt through the hops sends it in chunks).
-func (s *Scheduler) wholeShort(w *Item) bool {
+// shortPrompt reports whether w is a short prompt, or a chunk of one: the
+// prompt ends by position PrefillIterationTokens, not counting w's rows
+// already run (so a whole prompt from position 0 with that many tokens
+// left is one). A head that pipelines a short prompt through the hops
+// sends it in chunks, each saying how many are left (Item.PromptEnd).
+func (s *Scheduler) shortPrompt(w *Item) bool {
 	if w.Mode != Prefill {
 		return false
 	}
@@ -414,22 +416,22 @@ func (s *Scheduler) wholeShort(w *Item) bool {
 	return end > 0 && end-w.Done <= s.cfg.PrefillIterationTokens
 }
 
-// overdueTokens is the tokens left of the whole short prompts that have
-// waited longer than prefillPatience, up to PrefillIterationTokens: the
-// iteration takes at least that many prompt rows, whatever the decode
-// budget (orderPrefills puts those prompts first). Without it, prompts
-// that arrived while most sessions decoded got the few rows the budget
-// priced beside the decode rows, a wave of them waited for one another,
-// and TTFT p99 ran to 3-4x llama-server's (Gemma 3, 32 requests). Only
-// the overdue prompts' rows, not a whole prefill budget: the decode rows
-// beside them pay for every row.
+// overdueTokens is the tokens left of the short prompts (shortPrompt)
+// that have waited longer than prefillPatience, up to
+// PrefillIterationTokens: the iteration takes at least that many prompt
+// rows, whatever the decode budget (orderPrefills puts those prompts
+// first). Without it, prompts that arrived while most sessions decoded
+// got the few rows the budget priced beside the decode rows, a wave of
+// them waited for one another, and TTFT p99 ran to 3-4x llama-server's
+// (Gemma 3, 32 requests). Only the overdue prompts' rows, not a whole
+// prefill budget: the decode rows beside them pay for every row.
 func (s *Scheduler) overdueTokens(prefills []*sessQueue, now time.Time) int {
 	if s.cfg.Exact {
 		return 0
 	}
 	n := 0
 	for _, q := range prefills {
-		if w := q.items[0]; s.wholeShort(w) && now.Sub(w.Queued) > prefillPatience {
+		if w := q.items[0]; s.shortPrompt(w) && now.Sub(w.Queued) > prefillPatience {
 			n += w.Tokens - w.Done
 		}
 	}

@@ -23,7 +23,7 @@ type Stats struct {
 	// iterations held back for a due decode step, decode iterations that
 	// priced prefill rows again, prefill iterations preempted.
 	BudgetRuns, BudgetHits, DueWaits, BesideProbes, Preemptions int64
-	Crowds                                                      int64         // iterations whose prompt budget a crowd of whole short prompts set
+	Crowds                                                      int64         // iterations whose prompt budget a crowd of short prompts set
 	BesideRow                                                   time.Duration // the measured price of a prefill row beside decode rows
 	Holds, HoldsExpired                                         int64         // decode iterations that waited for their group; of them, expired
 	Held                                                        time.Duration // time held
