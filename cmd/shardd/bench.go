@@ -68,7 +68,7 @@ through the relay, in interleaved rounds with the direct 'route': the ratio colu
 relay's cost. A route you run takes relay://HOST:PORT/NAME hops in --route.`
 
 // pipelineChunksHelp is --pipeline-chunks' help (route.Options.PipelineChunks).
-const pipelineChunksHelp = "cut every prompt into at least this many chunks (a token each when shorter), pipelined through the route's hops, hop i+1 on a chunk while hop i runs the next: a long prompt's first token comes sooner, and sessions that start together keep every hop busy (4 on 2 hops); a prompt's rows then differ in their last bits from a whole prompt's outside --exact (0: the chunks of --prefill-chunk, pipelined; -1: each chunk through every hop before the next)"
+const pipelineChunksHelp = "cut every prompt into at least this many chunks (a token each when shorter), pipelined through the route's hops, hop i+1 on a chunk while hop i runs the next: a long prompt's first token comes sooner (512 tokens on 2 hops with 4: 1.4x), and sessions that start together keep every hop busy; a prompt's rows then differ in their last bits from a whole prompt's outside --exact (0: the prefill chunks as they are, pipelined; -1: each chunk through every hop before the next)"
 
 // benchFlags are bench's flags as given; parseBench turns them into a
 // benchConfig.
