@@ -78,10 +78,10 @@ type Options struct {
 	// the chunks of PrefillChunk. Cut, a long prompt's first token comes
 	// sooner (512 tokens on 2 hops: 1.4x), and sessions that start
 	// together keep every hop busy through their prompts (32 sessions of
-	// 8-token prompts: 1-3% more tokens/s, "Pipeline" in PERF.md). The
-	// cost: a prompt's rows computed in smaller batches, whose last bits
-	// differ from a whole prompt's outside --exact. Negative: each chunk
-	// goes through every hop before the next is sent.
+	// 8-token prompts: 1-3% more tokens/s, within the noise: "Pipeline" in
+	// PERF.md). The cost: a prompt's rows computed in smaller batches,
+	// whose last bits differ from a whole prompt's outside --exact.
+	// Negative: each chunk goes through every hop before the next is sent.
 	PipelineChunks int
 	// Retries per step per hop after a transport error. Default 3.
 	Retries int
