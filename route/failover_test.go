@@ -75,6 +75,9 @@ func TestFailover(t *testing.T) {
 		{name: "hop 1 mid-decode, replayed", hop: 1, afterToks: 5, replay: true},
 		{name: "hop 0 mid-decode, replayed", hop: 0, afterToks: 6, replay: true},
 		{name: "hop 0 mid-prefill", hop: 0, prefill: true},
+		// Hop 1 gone while hop 0 runs the prompt's later chunks (the
+		// chunks are pipelined).
+		{name: "hop 1 mid-prefill", hop: 1, prefill: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			addrs, stops := standbyRoute(t, 1)
