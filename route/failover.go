@@ -262,7 +262,6 @@ type unit struct {
 	mode     shardv1.CacheMode
 	info     *shardv1.ChunkInfo
 	in       []*shardv1.NamedTensor
-	out      []*shardv1.NamedTensor // the last hop's (a pipelined prefill's)
 }
 
 // maxHistoryBytes bounds the inputs a generation keeps for failovers;

@@ -6,7 +6,6 @@ package route
 import (
 	"errors"
 	"sync"
-	"sync/atomic"
 
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 )
@@ -14,7 +13,9 @@ import (
 // prefillPiped feeds the prompt's units (its chunks, in order, from
 // position 0) through the hops as a pipeline: a goroutine a hop, each
 // sending its hop one chunk after another as the hop before returns them.
-// It returns the last hop's output of the last chunk.
+// A hop's finished chunks wait for the next hop in a queue of pipeAhead,
+// so the copies of hidden states in flight stay bounded whatever the
+// prompt's length. It returns the last hop's output of the last chunk.
 //
 // Only one stage runs the generation's code at a time (g.mu): a stage lets
 // go of it while it waits on its stream (yield), so the hops compute at
@@ -25,29 +26,35 @@ import (
 func (g *gen) prefillPiped(units []*unit) ([]*shardv1.NamedTensor, error) {
 	g.forget() // a prefill from position 0: history starts again
 	hops := len(g.streams)
-	feeds := make([]chan *unit, hops+1)
-	for i := range feeds {
-		feeds[i] = make(chan *unit, len(units)) // a stage never blocks on the next
-	}
+	feeds := make([]chan *unit, hops)
+	feeds[0] = make(chan *unit, len(units))
 	for _, u := range units {
 		feeds[0] <- u
 	}
 	close(feeds[0])
-	errs := make([]error, hops)
-	var stop atomic.Bool
+	for i := 1; i < hops; i++ {
+		feeds[i] = make(chan *unit, pipeAhead)
+	}
+	p := &pipe{errs: make([]error, hops), abort: make(chan struct{})}
 	var wg sync.WaitGroup
 	g.piped = true
 	for i := range hops {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer close(feeds[i+1])
-			errs[i] = g.stage(i, feeds[i], feeds[i+1], &stop)
+			var out chan<- *unit
+			if i < hops-1 {
+				out = feeds[i+1]
+				defer close(out)
+			}
+			if err := g.stage(i, feeds[i], out, p); err != nil {
+				p.fail(i, err)
+			}
 		}()
 	}
 	wg.Wait()
 	g.piped = false
-	for i, err := range errs {
+	for i, err := range p.errs {
 		if err == nil {
 			continue
 		}
@@ -56,23 +63,39 @@ func (g *gen) prefillPiped(units []*unit) ([]*shardv1.NamedTensor, error) {
 		}
 		return nil, err
 	}
-	var out []*shardv1.NamedTensor
-	for u := range feeds[hops] {
-		g.remember(u)
-		out = u.out
-	}
-	return out, nil
+	return p.last, nil
+}
+
+// pipeAhead is how many chunks a hop of a pipelined prefill may finish
+// before the next hop takes the first of them.
+const pipeAhead = 2
+
+// pipe is a pipelined prefill's shared state: each stage's error, abort
+// closed at the first, and the last hop's output of the last chunk.
+type pipe struct {
+	errs  []error
+	abort chan struct{}
+	once  sync.Once
+	last  []*shardv1.NamedTensor
+}
+
+func (p *pipe) fail(i int, err error) {
+	p.errs[i] = err
+	p.once.Do(func() { close(p.abort) })
 }
 
 // stage runs hop i of a pipelined prefill: each unit from in goes to the
 // hop, and on to out with the hop's output as the next hop's input (a
-// copy: the stream reuses its receive buffers at its next exchange). After
-// any stage's error (stop) the units left are passed over.
-func (g *gen) stage(i int, in <-chan *unit, out chan<- *unit, stop *atomic.Bool) error {
-	last := i == len(g.streams)-1
+// copy: the stream reuses its receive buffers at its next exchange). The
+// last hop (out nil) keeps each unit in the failover history, in order,
+// and the output of the last. After any stage's error (p.abort) the
+// units left are passed over.
+func (g *gen) stage(i int, in <-chan *unit, out chan<- *unit, p *pipe) error {
 	for u := range in {
-		if stop.Load() {
+		select {
+		case <-p.abort:
 			continue
+		default:
 		}
 		g.mu.Lock()
 		res, err := g.call(i, g.request(i, u))
@@ -80,18 +103,23 @@ func (g *gen) stage(i int, in <-chan *unit, out chan<- *unit, stop *atomic.Bool)
 			err = g.took(i, u, res)
 		}
 		if err == nil {
-			if last {
-				u.out = res // valid until the stream's next exchange, after the pipeline
+			if out == nil {
+				g.remember(u)
+				p.last = res // valid until the stream's next exchange, after the pipeline
 			} else {
 				u.in[i+1] = cloneTensor(res[0])
 			}
 		}
 		g.mu.Unlock()
 		if err != nil {
-			stop.Store(true)
 			return err
 		}
-		out <- u
+		if out != nil {
+			select {
+			case out <- u:
+			case <-p.abort:
+			}
+		}
 	}
 	return nil
 }

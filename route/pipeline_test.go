@@ -15,10 +15,12 @@ import (
 // second chunk while hop 1 still holds the first. Hop 1's forward is held
 // until hop 0 has entered its second forward, which a head that sends
 // each chunk through every hop before the next never does (the
-// generation would wait for its step timeout). The tokens are those of the
-// same chunks sent one after another.
+// generation would wait for its step timeout). While hop 1 stays held,
+// hop 0 runs no more than pipeAhead chunks ahead, plus the one waiting to
+// be queued: the copies in flight are bounded. The tokens are those of
+// the same chunks sent one after another.
 func TestPrefillPipelines(t *testing.T) {
-	prompt := []int32{3, 1, 4, 1, 5, 9}
+	prompt := []int32{3, 1, 4, 1, 5, 9, 2, 6}
 	generate := func(opts Options, hold bool) []int32 {
 		t.Helper()
 		hop0 := backendtest.NewDelay(true, false, 0)
@@ -34,16 +36,22 @@ func TestPrefillPipelines(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer r.Close()
-		released := make(chan bool, 1)
+		entered := make(chan int, 1) // hop 0's forwards while hop 1 held the first chunk
 		if hold {
 			go func() {
-				<-hop0.Entered // the first chunk
-				select {
-				case <-hop0.Entered: // the second, while hop 1 holds the first
-					released <- true
-				case <-time.After(10 * time.Second):
-					released <- false
+				n := 0
+				for timeout := 10 * time.Second; ; timeout = 300 * time.Millisecond {
+					select {
+					case <-hop0.Entered:
+						n++
+						continue
+					case <-time.After(timeout):
+					}
+					if n > 0 {
+						break
+					}
 				}
+				entered <- n
 				hop1.Open()
 			}()
 		}
@@ -54,13 +62,16 @@ func TestPrefillPipelines(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if hold && !<-released {
-			t.Fatalf("hop 0 got no second chunk while hop 1 held the first: the chunks were not pipelined")
+		if hold {
+			// The first chunk, pipeAhead queued for hop 1, one waiting to be.
+			if n, want := <-entered, pipeAhead+2; n != want {
+				t.Fatalf("hop 0 ran %d forwards while hop 1 held the first chunk, want %d (1: the chunks were not pipelined)", n, want)
+			}
 		}
 		return got
 	}
-	piped := generate(Options{StepTimeout: 30 * time.Second, PipelineChunks: 3}, true)
-	serial := generate(Options{StepTimeout: 30 * time.Second, PipelineChunks: -1, PrefillChunk: 2}, false)
+	piped := generate(Options{StepTimeout: 30 * time.Second, PipelineChunks: len(prompt)}, true)
+	serial := generate(Options{StepTimeout: 30 * time.Second, PipelineChunks: -1, PrefillChunk: 1}, false)
 	if len(piped) != 8 || !slices.Equal(piped, serial) {
 		t.Fatalf("pipelined %v, one chunk after another %v", piped, serial)
 	}
