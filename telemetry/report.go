@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"time"
@@ -138,11 +139,7 @@ func Report(w io.Writer, spans []SpanRecord) {
 // reportIdle prints each hop's busy share and the idle before its
 // forwards, by the kind of forward that ended it (ForwardIdle).
 func reportIdle(w io.Writer, byHop map[string]Idle) {
-	hops := make([]string, 0, len(byHop))
-	for h := range byHop {
-		hops = append(hops, h)
-	}
-	slices.Sort(hops)
+	hops := slices.Sorted(maps.Keys(byHop))
 	if len(hops) > 0 {
 		fmt.Fprintf(w, "\nforwards, and the idle before them by what came next (share of the time, mean gap, forwards):\n")
 	}
