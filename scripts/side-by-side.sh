@@ -26,6 +26,8 @@ mkdir -p "$out"
 whole=$("$here/models.sh" | sed -n "s/^$model //p")
 [ -n "$whole" ] || { echo "side-by-side: unknown model $model (smollm2, gemma3)" >&2; exit 2; }
 up=$("$here/upstream-llama.sh")
+# --no-repack where upstream's repacked weights die on this CPU.
+read -ra up_flags <<<"$("$here/upstream-repack.sh" "$whole")"
 ctx=8192
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
@@ -54,7 +56,7 @@ one)
   workers=(127.0.0.1:$p)
   lp=$(free_port)
   start 1 "$out/$model-$setup-llama-server.log" "$up/llama-server" -m "$whole" --host 127.0.0.1 --port $lp \
-    -np 32 -t 1 -tb 1 -c $ctx --cache-ram 0 --no-cache-prompt --no-webui
+    -np 32 -t 1 -tb 1 -c $ctx --cache-ram 0 --no-cache-prompt --no-webui "${up_flags[@]}"
   tok=$whole
   head_cpus=1 bench_cpus=0
   ;;
@@ -72,7 +74,7 @@ route)
   sleep 1
   lp=$(free_port)
   start 0,1 "$out/$model-$setup-llama-server.log" "$up/llama-server" -m "$whole" --host 127.0.0.1 --port $lp \
-    --rpc "$(IFS=,; echo "${rpc[*]}")" -ngl 999 -np 32 -t 1 -tb 1 -c $ctx --cache-ram 0 --no-cache-prompt --no-webui
+    --rpc "$(IFS=,; echo "${rpc[*]}")" -ngl 999 -np 32 -t 1 -tb 1 -c $ctx --cache-ram 0 --no-cache-prompt --no-webui "${up_flags[@]}"
   tok=${shards[0]}
   head_cpus=0,1 bench_cpus=0,1
   ;;

@@ -7,6 +7,8 @@
 # MODEL: smollm2, gemma3 (scripts/models.sh) or a GGUF path. Per round and
 # model, one after the other on the same CPUs:
 #   upstream  llama-batched-bench -npp 8 -ntg 64 -npl 1,16,32 -t THREADS
+#             (--no-repack where its repacked weights die on this CPU:
+#             scripts/upstream-repack.sh)
 #   shardd    BenchmarkDecodeCeiling (bench/ceiling_test.go), sessions 1,
 #             16 and 32 of 8-token prompts and 64 tokens: the same batches
 #             through shardd's backend in the process ("inproc"), and
@@ -45,8 +47,9 @@ for r in $(seq "$rounds"); do
     # 51-62 with the file in the page cache, alternating).
     cat "$m" >/dev/null
     # upstream: | PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | T | S |
+    # shellcheck disable=SC2046 # the probe prints one flag or none
     taskset -c $cpus "$up/llama-batched-bench" -m "$m" -t "$threads" -tb "$threads" -c 2400 -b 512 -ub 512 \
-      -npp 8 -ntg 64 -npl 1,16,32 >"$out/upstream-$name-$r.log" 2>&1
+      -npp 8 -ntg 64 -npl 1,16,32 $("$here/upstream-repack.sh" "$m") >"$out/upstream-$name-$r.log" 2>&1
     awk -F'|' -v r="$r" -v m="$name" 'NF > 10 && $2 ~ /^ *8 *$/ {
       b = $4 + 0; tg = $3 + 0; printf "%s\t%s\tupstream\t%d\t%.1f\t%.1f\n", r, m, b, b * tg / $10, $9 }' \
       "$out/upstream-$name-$r.log" >>"$rows"
