@@ -47,9 +47,10 @@ for r in $(seq "$rounds"); do
     # 51-62 with the file in the page cache, alternating).
     cat "$m" >/dev/null
     # upstream: | PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | T | S |
-    # shellcheck disable=SC2046 # the probe prints one flag or none
+    repack=$("$here/upstream-repack.sh" "$m") # --no-repack or nothing
+    # shellcheck disable=SC2086 # one flag or none
     taskset -c $cpus "$up/llama-batched-bench" -m "$m" -t "$threads" -tb "$threads" -c 2400 -b 512 -ub 512 \
-      -npp 8 -ntg 64 -npl 1,16,32 $("$here/upstream-repack.sh" "$m") >"$out/upstream-$name-$r.log" 2>&1
+      -npp 8 -ntg 64 -npl 1,16,32 $repack >"$out/upstream-$name-$r.log" 2>&1
     awk -F'|' -v r="$r" -v m="$name" 'NF > 10 && $2 ~ /^ *8 *$/ {
       b = $4 + 0; tg = $3 + 0; printf "%s\t%s\tupstream\t%d\t%.1f\t%.1f\n", r, m, b, b * tg / $10, $9 }' \
       "$out/upstream-$name-$r.log" >>"$rows"
