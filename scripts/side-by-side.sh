@@ -26,8 +26,10 @@ mkdir -p "$out"
 whole=$("$here/models.sh" | sed -n "s/^$model //p")
 [ -n "$whole" ] || { echo "side-by-side: unknown model $model (smollm2, gemma3)" >&2; exit 2; }
 up=$("$here/upstream-llama.sh")
-# --no-repack where upstream's repacked weights die on this CPU.
-read -ra up_flags <<<"$("$here/upstream-repack.sh" "$whole")"
+# --no-repack where upstream's repacked weights die on this CPU (on a line
+# of its own, so that a failed probe stops the script).
+repack=$("$here/upstream-repack.sh" "$whole")
+read -ra up_flags <<<"$repack"
 ctx=8192
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
