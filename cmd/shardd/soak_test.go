@@ -160,13 +160,15 @@ type soakReport struct {
 }
 
 type soakWorker struct {
-	Name        string  `json:"name"`
-	IdleBefore  idleSet `json:"idle_before"`
-	IdleAfter   idleSet `json:"idle_after"`
-	RSSWarmMiB  float64 `json:"rss_after_warmup_mib"`
-	RSSMaxMiB   float64 `json:"rss_max_after_warmup_mib"`
-	RSSEndMiB   float64 `json:"rss_end_mib"`
-	RSSBoundMiB float64 `json:"rss_bound_mib"`
+	Name       string  `json:"name"`
+	IdleBefore idleSet `json:"idle_before"`
+	IdleAfter  idleSet `json:"idle_after"`
+	// SettleSeconds is how long it took to get back to IdleBefore.
+	SettleSeconds float64 `json:"settle_s"`
+	RSSWarmMiB    float64 `json:"rss_after_warmup_mib"`
+	RSSMaxMiB     float64 `json:"rss_max_after_warmup_mib"`
+	RSSEndMiB     float64 `json:"rss_end_mib"`
+	RSSBoundMiB   float64 `json:"rss_bound_mib"`
 	// The prefix cache's bytes at warm-up and at the end, its budget, and
 	// its counters at the end.
 	PrefixWarmMiB   float64 `json:"prefix_after_warmup_mib"`
@@ -190,6 +192,11 @@ type idleSet struct {
 
 func (a idleSet) within(base idleSet) bool {
 	return a.Goroutines <= base.Goroutines && a.Buffers <= base.Buffers && a.Sessions == 0 && a.Results == 0
+}
+
+// buffersOnly: a is within base but for pooled buffers.
+func (a idleSet) buffersOnly(base idleSet) bool {
+	return a.Goroutines <= base.Goroutines && a.Sessions == 0 && a.Results == 0
 }
 
 func idleOf(addr string) (idleSet, error) {
@@ -527,7 +534,7 @@ func TestSoak(t *testing.T) {
 	}
 	rep := soakReport{Duration: cfg.Duration.String(), Sessions: cfg.Sessions, Seed: cfg.Seed, WorkerArgs: args, ExactMode: cfg.Exact, Faults: map[string]int64{}}
 	for i, a := range cl.Metrics {
-		idle, err := settle(a, idleSet{Goroutines: math.Inf(1), Buffers: math.Inf(1)}, 30*time.Second)
+		idle, err := settle(a, idleSet{Goroutines: math.Inf(1), Buffers: math.Inf(1)}, 30*time.Second, 30*time.Second)
 		if err != nil {
 			t.Fatalf("%s idle before the soak: %+v (%v)", specs[i].Name, idle, err)
 		}
@@ -613,14 +620,16 @@ func TestSoak(t *testing.T) {
 	t.Logf("load ended after %v", time.Since(start).Round(time.Second))
 
 	// Settle: every session is released or has expired (TTL 20 s), every
-	// stream has ended. A result payload gRPC dropped unreturned when a
-	// connection failed goes back to the pool at the next GC
-	// (decode.bodyRef), and an idle worker may allocate too little to
-	// start one: Go forces a GC every 2 minutes, so the wait is longer.
+	// stream has ended. A buffer gRPC dropped unreturned after a reset or
+	// a cancel goes back to the pool once a GC finds it unreachable, on an
+	// idle worker the second after (decode.handoff), and an idle worker
+	// may allocate too little to start one: Go forces a GC every 2
+	// minutes, so buffers alone may take a little over 4.
 	for i, a := range cl.Metrics {
 		w := &rep.Workers[i]
-		idle, err := settle(a, w.IdleBefore, 150*time.Second)
-		w.IdleAfter = idle
+		start := time.Now()
+		idle, err := settle(a, w.IdleBefore, 150*time.Second, 270*time.Second)
+		w.IdleAfter, w.SettleSeconds = idle, time.Since(start).Seconds()
 		if err != nil {
 			t.Errorf("%s did not return to its idle baseline %+v: %+v (%v)", w.Name, w.IdleBefore, idle, err)
 			// With SHARDD_BUFPOOL_TRACE=1 the worker writes where the
@@ -808,14 +817,18 @@ func soakOne(ctx context.Context, rng *rand.Rand, head *route.Route, whole *whol
 // settle polls a worker's idle figures until they are within base (fewer
 // or as many goroutines and buffers, no sessions, no cached results) or
 // until wait has passed; it returns the last figures read.
-func settle(addr string, base idleSet, wait time.Duration) (idleSet, error) {
-	deadline := time.Now().Add(wait)
+func settle(addr string, base idleSet, wait, buffersWait time.Duration) (idleSet, error) {
+	start := time.Now()
 	for {
 		idle, err := idleOf(addr)
 		if err == nil && idle.within(base) {
 			return idle, nil
 		}
-		if time.Now().After(deadline) {
+		limit := wait
+		if err == nil && idle.buffersOnly(base) {
+			limit = buffersWait
+		}
+		if time.Since(start) > limit {
 			if err == nil {
 				err = errors.New("not settled")
 			}

@@ -198,7 +198,8 @@ func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
 			c.Pool.Put(buf)
 			return nil, fmt.Errorf("decode: marshal %T: %w", v, err)
 		}
-		return mem.BufferSlice{mem.NewBuffer(buf, c.Pool)}, nil
+		// Given back when gRPC returns it or drops it (handoff).
+		return mem.BufferSlice{hand((*buf)[:size], &handoff{pool: c.Pool, buf: buf})}, nil
 	case proto.Message:
 		b, err := proto.Marshal(m)
 		if err != nil {

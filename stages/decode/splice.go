@@ -32,40 +32,59 @@ type Spliced struct {
 	Body *bufpool.Buffer
 }
 
-// bodyRef is the mem.BufferPool of one spliced payload: gRPC "returns" the
-// payload when it has written it, which drops the reference on Body.
+// handoff is the mem.BufferPool of one pooled buffer handed to gRPC: a
+// spliced payload, which holds a reference on its result buffer (body), or
+// a marshal buffer from pool (buf). gRPC "returns" it when it has written
+// it, which gives the buffer back.
 //
-// gRPC may never return it: grpc-go v1.85's writer, when it exits on a
-// connection error, drops the data frames still queued on its streams
-// without freeing them (controlbuf.go: run's deferred finish frees only
-// what is still in the control buffer). The reference would then count as
-// outstanding for ever and the body never go back to the pool, which the
-// soak saw as 1-2 leaked result buffers after connection resets. So each
-// spliced payload also has a cleanup on the slice header gRPC holds: once
-// gRPC's buffer is unreachable (nothing can read the payload any more), a
-// reference gRPC never returned is dropped then.
-type bodyRef struct {
-	b    *bufpool.Buffer
-	done atomic.Bool // the reference was dropped (by Put or by the cleanup)
+// gRPC may never return it. grpc-go v1.85 drops a data frame without
+// freeing it in two places (internal/transport/controlbuf.go):
+//   - its writer, when it exits on a connection error, frees only what is
+//     still in the control buffer, not the frames queued on its streams;
+//   - preprocessData drops a frame for a stream the writer has already
+//     cleaned up (the client reset it while the frame was being queued).
+//
+// The buffer would then count as outstanding for ever (the soak saw one
+// marshal buffer or 1-2 result buffers out after resets and cancels). So
+// the slice header gRPC holds also has a cleanup: once gRPC's buffer is
+// unreachable (nothing can read the bytes any more), a buffer gRPC never
+// returned is given back then. That takes a GC, and on an idle process up
+// to two: gRPC's list nodes go back to a sync.Pool still holding their
+// last item (itemList.dequeue), which the second GC after frees.
+type handoff struct {
+	body *bufpool.Buffer // a spliced payload's result buffer, or
+	pool mem.BufferPool  // the pool of a marshal buffer,
+	buf  *[]byte         // and the buffer as pool gave it
+	done atomic.Bool     // given back (by Put or by the cleanup)
 }
 
-func (r *bodyRef) Get(n int) *[]byte { b := make([]byte, n); return &b }
-func (r *bodyRef) Put(*[]byte)       { r.drop() }
+func (h *handoff) Get(n int) *[]byte { b := make([]byte, n); return &b }
+func (h *handoff) Put(*[]byte)       { h.giveBack() }
 
-func (r *bodyRef) drop() {
-	if r.done.CompareAndSwap(false, true) {
-		r.b.Release()
+func (h *handoff) giveBack() {
+	if !h.done.CompareAndSwap(false, true) {
+		return
+	}
+	if h.body != nil {
+		h.body.Release()
+	} else {
+		h.pool.Put(h.buf)
 	}
 }
 
+// hand gives gRPC p, which h gives back when gRPC returns it or drops it
+// unreturned (see handoff).
+func hand(p []byte, h *handoff) mem.Buffer {
+	held := p
+	runtime.AddCleanup(&held, (*handoff).giveBack, h)
+	return mem.NewBuffer(&held, h)
+}
+
 // splicedBuffer hands gRPC payload p of body, holding a reference on body
-// until gRPC returns it or drops it unreturned (see bodyRef).
+// until gRPC returns it or drops it unreturned.
 func splicedBuffer(p []byte, body *bufpool.Buffer) mem.Buffer {
 	body.Ref()
-	held := p
-	ref := &bodyRef{b: body}
-	runtime.AddCleanup(&held, (*bodyRef).drop, ref)
-	return mem.NewBuffer(&held, ref)
+	return hand(p, &handoff{body: body})
 }
 
 // splicedSizes are the encoded sizes of a chunk's nested messages.

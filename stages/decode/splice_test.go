@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/mem"
 
+	"github.com/meshnet/shardd/bufpool"
 	"github.com/meshnet/shardd/bufpool/bufpooltest"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 )
@@ -120,12 +121,61 @@ func TestSplicedReferenceDroppedUnfreed(t *testing.T) {
 		t.Fatalf("%d outstanding before the drop", pool.Outstanding())
 	}
 	data = nil // dropped, never freed
+	waitReturned(t, pool, "the body")
+}
+
+// waitReturned runs GCs until pool has nothing outstanding, for 10 s at
+// most.
+func waitReturned(t *testing.T, pool *bufpool.Pool, what string) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for pool.Outstanding() != 0 {
 		if time.Now().After(deadline) {
-			t.Fatal("the body never went back to the pool")
+			t.Fatalf("%s never went back to the pool", what)
 		}
 		runtime.GC()
 		runtime.Gosched()
 	}
+}
+
+// A marshal buffer gRPC frees goes back to the pool once; one gRPC drops
+// without freeing (a frame for a stream already reset) goes back once
+// gRPC's buffer is unreachable, as a spliced payload does.
+func TestMarshalBufferDroppedUnfreed(t *testing.T) {
+	pool := bufpooltest.New(t)
+	codec := Codec{Pool: pool}
+	msg := &shardv1.SessionResponse{Kind: &shardv1.SessionResponse_Chunk{Chunk: &shardv1.ActivationChunk{
+		Bundle: &shardv1.TensorBundle{BundleVersion: 1, Tensors: []*shardv1.NamedTensor{{Name: "hidden",
+			Fragments: []*shardv1.TensorFragment{{FragmentCount: 1, Payload: make([]byte, 4<<10)}}}}}}}}
+	want, err := msg.MarshalVT()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := codec.Marshal(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := data.Materialize(); !bytes.Equal(got, want) {
+		t.Fatal("wire differs from MarshalVT")
+	}
+	if pool.Outstanding() != 1 {
+		t.Fatalf("%d outstanding, want the marshal buffer", pool.Outstanding())
+	}
+	data.Free()
+	if pool.Outstanding() != 0 {
+		t.Fatalf("%d outstanding after gRPC's Free", pool.Outstanding())
+	}
+	runtime.GC() // the cleanup of a returned buffer gives nothing back twice
+	runtime.Gosched()
+	if pool.Outstanding() != 0 {
+		t.Fatalf("%d outstanding after the cleanup of a returned buffer", pool.Outstanding())
+	}
+
+	if _, err := codec.Marshal(msg); err != nil { // dropped, never freed
+		t.Fatal(err)
+	}
+	if pool.Outstanding() != 1 {
+		t.Fatalf("%d outstanding before the drop", pool.Outstanding())
+	}
+	waitReturned(t, pool, "the marshal buffer")
 }
