@@ -100,7 +100,7 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	gauge("shardd.batch.occupancy", "rows in the last forward call", func() float64 { return float64(e.Stats().Occupancy) })
 	gauge("shardd.kv.pressure", "fraction of the KV token budget held or reserved", func() float64 { return e.Stats().Pressure })
 	gauge("shardd.sessions", "route sessions holding KV state", func() float64 { return float64(e.Stats().Sessions) })
-	gauge("shardd.buffers.outstanding", "pooled buffers handed out and not yet returned (held by queued work, results in flight and the results cache)",
+	gauge("shardd.buffers.outstanding", "pooled buffers handed out and not yet returned (held by queued work, results in flight and the results cache; one gRPC dropped unsent comes back at a GC)",
 		func() float64 { return float64(e.pool.Outstanding()) })
 	gauge("shardd.results.bytes", "bytes of finished results held to answer duplicate steps (bounded by --results-cache-bytes)", func() float64 { return float64(e.Stats().ResultsBytes) })
 	counter := func(name, desc string, f func() int64) {
