@@ -33,6 +33,8 @@ type Report struct {
 	Medians []Median `json:"medians"`
 	// Sweep is present when the load was swept.
 	Sweep *Sweep `json:"sweep,omitempty"`
+	// Ceiling is present when the bench measured it (--ceiling).
+	Ceiling *Ceiling `json:"ceiling,omitempty"`
 	// Budget is every limit checked against every run of the first
 	// target; BudgetPass is false when any failed.
 	Budget     []Check `json:"budget,omitempty"`
@@ -167,6 +169,9 @@ func (r *Report) Finish(budget Budget, sweepParam string) {
 			}
 		}
 		r.Sweep = sw
+	}
+	if r.Ceiling != nil {
+		r.Ceiling.finish(r.Runs)
 	}
 	r.Budget, r.BudgetPass = nil, true
 	for _, s := range r.Runs {
@@ -348,10 +353,17 @@ func (r *Report) WriteText(w io.Writer) {
 		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "target\tload\trounds\ttokens/s\tspread\tsteady\tspread\tratio\tTTFT p99\tITL p99\tgoodput\t")
 		for _, m := range r.Medians {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%.0f%%\t%.1f\t%.0f%%\t%.2fx\t%s\t%s\t%.3f\t\n", m.Target, m.Load(), m.Rounds,
-				m.OutputTokensPerS, 100*m.Spread, m.SteadyTokensPerS, 100*m.SteadySpread, m.Ratio, msf(m.TTFTP99), msf(m.ITLP99), m.Goodput)
+			ratio := "-" // no run of the first target at this level (--ceiling's c/hops)
+			if m.Ratio > 0 {
+				ratio = fmt.Sprintf("%.2fx", m.Ratio)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%.0f%%\t%.1f\t%.0f%%\t%s\t%s\t%s\t%.3f\t\n", m.Target, m.Load(), m.Rounds,
+				m.OutputTokensPerS, 100*m.Spread, m.SteadyTokensPerS, 100*m.SteadySpread, ratio, msf(m.TTFTP99), msf(m.ITLP99), m.Goodput)
 		}
 		tw.Flush()
+	}
+	if r.Ceiling != nil {
+		r.Ceiling.write(w)
 	}
 	if r.Sweep != nil {
 		fmt.Fprintf(w, "\nsweep of %s: knee at %g (the first level with 90%% of the peak tokens/s)\n", r.Sweep.Param, r.Sweep.Knee)

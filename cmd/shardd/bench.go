@@ -42,7 +42,9 @@ Target: an existing route (--route A,B,...), or a route it starts from a model (
 --shards N [--by cost [--kv-cells N]] or --ranges 0:8,8:12, cut as 'shardd split' cuts): one
 'shardd serve' per shard on 127.0.0.1, each with its --threads and --worker-cpus, stopped
 afterwards (also on Ctrl-C). --unsplit adds the whole model in one worker as a baseline, run in
-interleaved rounds (--rounds) with the same requests.
+interleaved rounds (--rounds) with the same requests; --ceiling also runs it at c/N sessions for
+an N-hop route and reports route / whole against N x whole(c/N) / whole(c), the most N decode
+groups can give (balanced hops, no idle, free crossings), read in the same round.
 
 Budget (--budget FILE, .yaml or .toml; nested keys flatten with dots): limits on
   ttft|itl|tpot|e2e.STAT           e.g. itl.p99: 25ms
@@ -76,7 +78,7 @@ type benchFlags struct {
 	route, model, threads, workerCPUs, unsplitThreads, unsplitCPUs, serveArgs, spanFiles string
 	promptLen, outputLen, lengths, prompts, tokenizer, sweep, slo, budget, relayHops     string
 	json, html, compact, workDir                                                         string
-	unsplit, stages, quiet                                                               bool
+	unsplit, ceiling, stages, quiet                                                      bool
 	concurrency, requests, warmup, topK, rounds, prefixes, prefixLen, turns              int
 	rate, temperature, topP, burstiness                                                  float64
 	duration, relayLatency, stepTimeout                                                  time.Duration
@@ -113,6 +115,7 @@ func (f *benchFlags) addTargetFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&f.unsplit, "unsplit", false, "with --model: also run the whole model in one worker, as the baseline")
 	fs.StringVar(&f.unsplitThreads, "unsplit-threads", "1", "threads of the --unsplit worker; a list (1,2) makes one baseline per value")
 	fs.StringVar(&f.unsplitCPUs, "unsplit-cpus", "", "CPU set of each --unsplit worker, ';' between them (0 or 0;0-1)")
+	fs.BoolVar(&f.ceiling, "ceiling", false, "with --unsplit and a closed loop at c (a multiple of the hop count N): each round also runs the first baseline at c/N, and the report gives route / whole against its ceiling, N x whole(c/N) / whole(c), round by round")
 	fs.StringVar(&f.serveArgs, "serve-args", "", "further flags for every 'shardd serve' the harness starts (space-separated)")
 	fs.BoolVar(&f.stages, "stages", false, "with --model: workers write spans, and the report has per-stage latency and each worker's busy share and idle between forwards, by what came next (a whole decode group, part of one, prompt rows)")
 	fs.IntVar(&f.standbys, "standbys", 0, "with --model: also start this many standby workers per shard, which a hop whose worker fails moves to")
@@ -193,6 +196,9 @@ func (f *benchFlags) checkTarget() error {
 	}
 	if f.route != "" && (f.unsplit || *f.cut.shards > 0 || *f.cut.rangesFlag != "" || *f.cut.by != "layers" || *f.cut.kvCells != 0 || f.stages || f.relayHops != "" || f.standbys > 0 || f.kill != "") {
 		return fmt.Errorf("--unsplit, --shards, --ranges, --by, --kv-cells, --stages, --relay-hops, --standbys and --kill need --model (the harness starts those workers); a route you run takes relay://HOST:PORT/NAME hops and a|a2 standbys in --route")
+	}
+	if f.ceiling && (!f.unsplit || f.rate > 0 || strings.HasPrefix(f.sweep, "rate=")) {
+		return fmt.Errorf("--ceiling needs --unsplit and a closed loop (--concurrency or --sweep concurrency=, no --rate)")
 	}
 	if f.route == "" && (*f.tls.ca != "" || *f.tls.cert != "") {
 		return fmt.Errorf("the TLS flags are for --route: the workers --model starts listen on loopback in plaintext")
@@ -482,6 +488,10 @@ func (c *benchConfig) runRounds(ctx context.Context, targets []load.Target, rep 
 	if !c.f.quiet {
 		opts.Progress = os.Stderr
 	}
+	ceiling, err := c.ceilingRuns(targets, rep)
+	if err != nil {
+		return err
+	}
 	for round := 1; round <= c.f.rounds; round++ {
 		for _, lvl := range c.levels {
 			lw := c.w
@@ -503,9 +513,49 @@ func (c *benchConfig) runRounds(ctx context.Context, targets []load.Target, rep 
 				s.Round = round
 				rep.Runs = append(rep.Runs, s)
 			}
+			if ceiling != nil && !slices.Contains(c.levels, float64(lw.Concurrency/ceiling.hops)) {
+				// The baseline at c/N beside the others at c, unless the
+				// sweep runs that level anyway.
+				hw := lw
+				hw.Concurrency /= ceiling.hops
+				opts.Label = runLabel(ceiling.baseline.Name, hw, round, c.f.rounds)
+				s, err := load.Run(ctx, ceiling.baseline, hw, opts)
+				if err != nil {
+					return err
+				}
+				s.Round = round
+				rep.Runs = append(rep.Runs, s)
+			}
 		}
 	}
 	return nil
+}
+
+// ceilingRun is what --ceiling runs besides the targets: the first
+// baseline at c / hops.
+type ceilingRun struct {
+	baseline load.Target
+	hops     int
+}
+
+// ceilingRuns checks --ceiling against the targets started and sets the
+// report up for it (nil: no --ceiling).
+func (c *benchConfig) ceilingRuns(targets []load.Target, rep *load.Report) (*ceilingRun, error) {
+	if !c.f.ceiling {
+		return nil, nil
+	}
+	i := slices.IndexFunc(targets, func(t load.Target) bool { return strings.HasPrefix(t.Name, "unsplit") })
+	hops := len(targets[0].Addrs)
+	if i < 0 || hops < 2 {
+		return nil, fmt.Errorf("--ceiling needs a route of 2 or more hops and an --unsplit baseline")
+	}
+	for _, lvl := range c.levels {
+		if conc := int(lvl); conc%hops != 0 {
+			return nil, fmt.Errorf("--ceiling: concurrency %d is not a multiple of the route's %d hops", conc, hops)
+		}
+	}
+	rep.Ceiling = &load.Ceiling{Route: targets[0].Name, Baseline: targets[i].Name, Hops: hops}
+	return &ceilingRun{baseline: targets[i], hops: hops}, nil
 }
 
 // report prints the report, writes the JSON and HTML asked for, and fails

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -79,7 +80,7 @@ func TestBenchCommand(t *testing.T) {
 		return string(out), code
 	}
 	jsonPath, htmlPath := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.html")
-	out, code := run(holds, "--unsplit", "--json", jsonPath, "--html", htmlPath)
+	out, code := run(holds, "--unsplit", "--ceiling", "--json", jsonPath, "--html", htmlPath)
 	if code != 0 || !strings.Contains(out, "budget: all 4 limits hold") {
 		t.Fatalf("exit %d with a budget that holds:\n%s", code, out)
 	}
@@ -91,8 +92,20 @@ func TestBenchCommand(t *testing.T) {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if rep.Schema != load.Schema || len(rep.Runs) != 2 || rep.Runs[0].Target != "route" || rep.Runs[1].Target != "unsplit" {
+	if rep.Schema != load.Schema || len(rep.Runs) != 3 || rep.Runs[0].Target != "route" || rep.Runs[1].Target != "unsplit" ||
+		rep.Runs[2].Target != "unsplit" || rep.Runs[2].Concurrency != 1 {
 		t.Fatalf("report: schema %q, %d runs", rep.Schema, len(rep.Runs))
+	}
+	// --ceiling: the baseline also ran at 2 / 2 hops, and the report
+	// bounds route / whole by 2 x whole(1) / whole(2).
+	if cl := rep.Ceiling; cl == nil || len(cl.Rows) != 2 || cl.Hops != 2 || !strings.Contains(out, "pipeline ceiling") {
+		t.Fatalf("no ceiling in the report: %+v\n%s", cl, out)
+	} else {
+		r, whole, half := cl.Rows[0], rep.Runs[1].OutputTokensPerS, rep.Runs[2].OutputTokensPerS
+		if want := 2 * half / whole; math.Abs(r.Ceiling-want) > 1e-9*want || math.Abs(r.Ratio-rep.Runs[0].OutputTokensPerS/whole) > 1e-9 ||
+			math.Abs(r.Share-r.Ratio/r.Ceiling) > 1e-9 || cl.Rows[1].Round != 0 || cl.Rows[1].Ceiling != r.Ceiling {
+			t.Errorf("ceiling rows %+v from route %.1f, whole %.1f and %.1f tokens/s", cl.Rows, rep.Runs[0].OutputTokensPerS, whole, half)
+		}
 	}
 	for _, s := range rep.Runs {
 		if s.Requests != 6 || s.Errors != 0 || s.OutputTokens != 48 || s.ITL.Count != 42 {

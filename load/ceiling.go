@@ -1,0 +1,113 @@
+package load
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+)
+
+// Ceiling judges a route's tokens/s over its unsplit baseline's against the
+// most that ratio can be. A route of N hops, one thread each, keeps N
+// decode groups of c/N sessions in flight; with balanced hops, no idle and
+// free crossings its N forwards of a group take the whole model's step at
+// c/N rows, so route / whole at c is at most the whole model's step at c
+// rows over its step at c/N: N x whole(c/N) / whole(c) in tokens/s. The
+// bench measures whole(c/N) in each round beside the others (--ceiling),
+// so the ceiling is read on the same machine at the same time as the ratio
+// it bounds.
+type Ceiling struct {
+	// Route and Baseline name the targets compared; Hops is the route's.
+	Route    string `json:"route"`
+	Baseline string `json:"baseline"`
+	Hops     int    `json:"hops"`
+	// Rows are each round's figures at each load level, then per level the
+	// medians of the rounds' figures (Round 0).
+	Rows []CeilingRow `json:"rows,omitempty"`
+}
+
+// CeilingRow is one round's (or the medians') ratio, ceiling and share.
+type CeilingRow struct {
+	Concurrency int `json:"concurrency"`
+	Round       int `json:"round"`
+	// Ratio is route / baseline tokens/s at Concurrency; Ceiling is Hops x
+	// baseline at Concurrency/Hops over baseline at Concurrency; Share is
+	// Ratio / Ceiling.
+	Ratio   float64 `json:"ratio"`
+	Ceiling float64 `json:"ceiling"`
+	Share   float64 `json:"share"`
+}
+
+// finish computes the rows from the runs: a round counts where the route
+// and the baseline at c and the baseline at c/Hops all ran in it.
+func (c *Ceiling) finish(runs []*Summary) {
+	c.Rows = nil
+	if c.Hops < 2 {
+		return
+	}
+	type key struct {
+		target      string
+		concurrency int
+		round       int
+	}
+	tps := map[key]float64{}
+	for _, s := range runs {
+		if s.Rate == 0 {
+			tps[key{s.Target, s.Concurrency, s.Round}] = s.OutputTokensPerS
+		}
+	}
+	byLevel := map[int][]CeilingRow{}
+	var levels []int
+	for _, s := range runs {
+		conc := s.Concurrency
+		if s.Target != c.Route || s.Rate != 0 || conc%c.Hops != 0 {
+			continue
+		}
+		whole := tps[key{c.Baseline, conc, s.Round}]
+		half := tps[key{c.Baseline, conc / c.Hops, s.Round}]
+		if whole <= 0 || half <= 0 {
+			continue
+		}
+		row := CeilingRow{Concurrency: conc, Round: s.Round, Ratio: s.OutputTokensPerS / whole,
+			Ceiling: float64(c.Hops) * half / whole}
+		row.Share = row.Ratio / row.Ceiling
+		if _, ok := byLevel[conc]; !ok {
+			levels = append(levels, conc)
+		}
+		byLevel[conc] = append(byLevel[conc], row)
+		c.Rows = append(c.Rows, row)
+	}
+	for _, conc := range levels {
+		g := byLevel[conc]
+		pick := func(f func(CeilingRow) float64) float64 {
+			v := make([]float64, len(g))
+			for i, r := range g {
+				v[i] = f(r)
+			}
+			return median(v)
+		}
+		c.Rows = append(c.Rows, CeilingRow{Concurrency: conc,
+			Ratio:   pick(func(r CeilingRow) float64 { return r.Ratio }),
+			Ceiling: pick(func(r CeilingRow) float64 { return r.Ceiling }),
+			Share:   pick(func(r CeilingRow) float64 { return r.Share })})
+	}
+}
+
+// write prints the rows, or says why there are none.
+func (c *Ceiling) write(w io.Writer) {
+	fmt.Fprintf(w, "\npipeline ceiling (%s / %s at c against %d x %s at c/%d over %s at c: the ratio with balanced hops, no idle and free crossings)\n",
+		c.Route, c.Baseline, c.Hops, c.Baseline, c.Hops, c.Baseline)
+	if len(c.Rows) == 0 {
+		fmt.Fprintln(w, "  none: no round ran the route and the baseline at c and c/hops")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "load\tround\tratio\tceiling\tshare\t")
+	for _, r := range c.Rows {
+		round := fmt.Sprint(r.Round)
+		if r.Round == 0 {
+			round = "median"
+		}
+		fmt.Fprintf(tw, "c=%d\t%s\t%.2fx\t%.2fx\t%.0f%%\t\n", r.Concurrency, round, r.Ratio, r.Ceiling, 100*r.Share)
+	}
+	tw.Flush()
+}

@@ -1,0 +1,54 @@
+package load
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+// The ceiling pairs each round's route run with the baseline's runs at c
+// and c/hops of the same round, skips a round that lacks one, ignores open
+// loops and other targets, and gives per level the medians of the rounds.
+func TestCeilingRounds(t *testing.T) {
+	run := func(target string, c, round int, tps float64) *Summary {
+		return &Summary{Target: target, Concurrency: c, Round: round, OutputTokensPerS: tps}
+	}
+	runs := []*Summary{
+		run("route", 32, 1, 300), run("unsplit", 32, 1, 200), run("unsplit", 16, 1, 180), // 1.5 of 1.8
+		run("route", 32, 2, 330), run("unsplit", 32, 2, 200), run("unsplit", 16, 2, 200), // 1.65 of 2.0
+		run("route", 32, 3, 250), run("unsplit", 32, 3, 100), run("unsplit", 16, 3, 100), // 2.5 of 2.0
+		run("route", 32, 4, 999), run("unsplit", 32, 4, 100), // no c/2 run: skipped
+		run("route+compact", 32, 1, 500),
+		{Target: "route", Rate: 4, Round: 1, OutputTokensPerS: 50},
+	}
+	c := &Ceiling{Route: "route", Baseline: "unsplit", Hops: 2}
+	r := &Report{Runs: runs, Ceiling: c}
+	r.Finish(Budget{}, "")
+	want := []CeilingRow{
+		{32, 1, 1.5, 1.8, 1.5 / 1.8}, {32, 2, 1.65, 2, 0.825}, {32, 3, 2.5, 2, 1.25},
+		{32, 0, 1.65, 2, 1.5 / 1.8}, // each column's own median
+	}
+	if len(c.Rows) != len(want) {
+		t.Fatalf("rows %+v, want %+v", c.Rows, want)
+	}
+	for i, w := range want {
+		g := c.Rows[i]
+		if g.Concurrency != w.Concurrency || g.Round != w.Round || math.Abs(g.Ratio-w.Ratio) > 1e-9 ||
+			math.Abs(g.Ceiling-w.Ceiling) > 1e-9 || math.Abs(g.Share-w.Share) > 1e-9 {
+			t.Errorf("row %d: %+v, want %+v", i, g, w)
+		}
+	}
+	var b strings.Builder
+	r.WriteText(&b)
+	if !strings.Contains(b.String(), "pipeline ceiling") || !strings.Contains(b.String(), "median") {
+		t.Errorf("the text report has no ceiling:\n%s", b.String())
+	}
+
+	// One hop has no ceiling; nor does a report without its runs.
+	for _, c := range []*Ceiling{{Route: "route", Baseline: "unsplit", Hops: 1}, {Route: "other", Baseline: "unsplit", Hops: 2}} {
+		(&Report{Runs: runs, Ceiling: c}).Finish(Budget{}, "")
+		if len(c.Rows) != 0 {
+			t.Errorf("%+v: rows %+v", c, c.Rows)
+		}
+	}
+}
