@@ -348,20 +348,7 @@ func (r *Report) WriteText(w io.Writer) {
 		slices.Sort(errs)
 		fmt.Fprintf(w, "\nerrors and recoveries\n  %s\n", strings.Join(errs, "\n  "))
 	}
-	if len(r.Medians) > 1 {
-		fmt.Fprintln(w, "\nmedians over rounds (ratio: tokens/s over the first target's; steady: tokens/s until the arrivals ended)")
-		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "target\tload\trounds\ttokens/s\tspread\tsteady\tspread\tratio\tTTFT p99\tITL p99\tgoodput\t")
-		for _, m := range r.Medians {
-			ratio := "-" // no run of the first target at this level (--ceiling's c/hops)
-			if m.Ratio > 0 {
-				ratio = fmt.Sprintf("%.2fx", m.Ratio)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%.0f%%\t%.1f\t%.0f%%\t%s\t%s\t%s\t%.3f\t\n", m.Target, m.Load(), m.Rounds,
-				m.OutputTokensPerS, 100*m.Spread, m.SteadyTokensPerS, 100*m.SteadySpread, ratio, msf(m.TTFTP99), msf(m.ITLP99), m.Goodput)
-		}
-		tw.Flush()
-	}
+	r.writeMedians(w)
 	if r.Ceiling != nil {
 		r.Ceiling.write(w)
 	}
@@ -390,6 +377,26 @@ func (r *Report) WriteText(w io.Writer) {
 			fmt.Fprintf(w, "budget: all %d limits hold\n", len(r.Budget))
 		}
 	}
+}
+
+// writeMedians writes the medians over rounds, with each target's ratio to
+// the first.
+func (r *Report) writeMedians(w io.Writer) {
+	if len(r.Medians) < 2 {
+		return
+	}
+	fmt.Fprintln(w, "\nmedians over rounds (ratio: tokens/s over the first target's; steady: tokens/s until the arrivals ended)")
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "target\tload\trounds\ttokens/s\tspread\tsteady\tspread\tratio\tTTFT p99\tITL p99\tgoodput\t")
+	for _, m := range r.Medians {
+		ratio := "-" // no run of the first target at this level (--ceiling's c/hops)
+		if m.Ratio > 0 {
+			ratio = fmt.Sprintf("%.2fx", m.Ratio)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%.0f%%\t%.1f\t%.0f%%\t%s\t%s\t%s\t%.3f\t\n", m.Target, m.Load(), m.Rounds,
+			m.OutputTokensPerS, 100*m.Spread, m.SteadyTokensPerS, 100*m.SteadySpread, ratio, msf(m.TTFTP99), msf(m.ITLP99), m.Goodput)
+	}
+	tw.Flush()
 }
 
 func (m Median) Load() string {
