@@ -59,7 +59,9 @@
 // cpus, links), runs (one Summary per target, level and round, in the
 // order run: see the json tags of Summary, Dist, HopSummary and HopIdle), medians
 // (per target and level over rounds: tokens/s, its spread, the ratio to
-// the first target, TTFT and ITL p99, goodput), sweep (levels and knee)
+// the first target, TTFT and ITL p99, goodput), sweep (levels and knee),
+// ceiling (--ceiling: route, baseline, hops and rows of concurrency, round
+// (0: the medians), ratio, ceiling and share; Ceiling says what they mean)
 // and budget (each limit checked against each run of the first target)
 // with budget_pass.
 package load

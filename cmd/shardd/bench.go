@@ -115,7 +115,7 @@ func (f *benchFlags) addTargetFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&f.unsplit, "unsplit", false, "with --model: also run the whole model in one worker, as the baseline")
 	fs.StringVar(&f.unsplitThreads, "unsplit-threads", "1", "threads of the --unsplit worker; a list (1,2) makes one baseline per value")
 	fs.StringVar(&f.unsplitCPUs, "unsplit-cpus", "", "CPU set of each --unsplit worker, ';' between them (0 or 0;0-1)")
-	fs.BoolVar(&f.ceiling, "ceiling", false, "with --unsplit and a closed loop at c (a multiple of the hop count N): each round also runs the first baseline at c/N, and the report gives route / whole against its ceiling, N x whole(c/N) / whole(c), round by round")
+	fs.BoolVar(&f.ceiling, "ceiling", false, "with --unsplit and a timed closed loop (--duration) at c (a multiple of the hop count N): each round also runs the first baseline at c/N, and the report gives route / whole against its ceiling, N x whole(c/N) / whole(c), round by round")
 	fs.StringVar(&f.serveArgs, "serve-args", "", "further flags for every 'shardd serve' the harness starts (space-separated)")
 	fs.BoolVar(&f.stages, "stages", false, "with --model: workers write spans, and the report has per-stage latency and each worker's busy share and idle between forwards, by what came next (a whole decode group, part of one, prompt rows)")
 	fs.IntVar(&f.standbys, "standbys", 0, "with --model: also start this many standby workers per shard, which a hop whose worker fails moves to")
@@ -197,8 +197,10 @@ func (f *benchFlags) checkTarget() error {
 	if f.route != "" && (f.unsplit || *f.cut.shards > 0 || *f.cut.rangesFlag != "" || *f.cut.by != "layers" || *f.cut.kvCells != 0 || f.stages || f.relayHops != "" || f.standbys > 0 || f.kill != "") {
 		return fmt.Errorf("--unsplit, --shards, --ranges, --by, --kv-cells, --stages, --relay-hops, --standbys and --kill need --model (the harness starts those workers); a route you run takes relay://HOST:PORT/NAME hops and a|a2 standbys in --route")
 	}
-	if f.ceiling && (!f.unsplit || f.rate > 0 || strings.HasPrefix(f.sweep, "rate=")) {
-		return fmt.Errorf("--ceiling needs --unsplit and a closed loop (--concurrency or --sweep concurrency=, no --rate)")
+	if f.ceiling && (!f.unsplit || f.rate > 0 || strings.HasPrefix(f.sweep, "rate=") || f.duration <= 0) {
+		// A count of requests would give the runs at c and c/N different
+		// numbers of turnovers; a duration gives them the same share.
+		return fmt.Errorf("--ceiling needs --unsplit and a timed closed loop (--duration; --concurrency or --sweep concurrency=, no --rate)")
 	}
 	if f.route == "" && (*f.tls.ca != "" || *f.tls.cert != "") {
 		return fmt.Errorf("the TLS flags are for --route: the workers --model starts listen on loopback in plaintext")

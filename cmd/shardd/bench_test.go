@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -80,7 +81,7 @@ func TestBenchCommand(t *testing.T) {
 		return string(out), code
 	}
 	jsonPath, htmlPath := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.html")
-	out, code := run(holds, "--unsplit", "--ceiling", "--json", jsonPath, "--html", htmlPath)
+	out, code := run(holds, "--unsplit", "--json", jsonPath, "--html", htmlPath)
 	if code != 0 || !strings.Contains(out, "budget: all 4 limits hold") {
 		t.Fatalf("exit %d with a budget that holds:\n%s", code, out)
 	}
@@ -92,20 +93,8 @@ func TestBenchCommand(t *testing.T) {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if rep.Schema != load.Schema || len(rep.Runs) != 3 || rep.Runs[0].Target != "route" || rep.Runs[1].Target != "unsplit" ||
-		rep.Runs[2].Target != "unsplit" || rep.Runs[2].Concurrency != 1 {
+	if rep.Schema != load.Schema || len(rep.Runs) != 2 || rep.Runs[0].Target != "route" || rep.Runs[1].Target != "unsplit" {
 		t.Fatalf("report: schema %q, %d runs", rep.Schema, len(rep.Runs))
-	}
-	// --ceiling: the baseline also ran at 2 / 2 hops, and the report
-	// bounds route / whole by 2 x whole(1) / whole(2).
-	if cl := rep.Ceiling; cl == nil || len(cl.Rows) != 2 || cl.Hops != 2 || !strings.Contains(out, "pipeline ceiling") {
-		t.Fatalf("no ceiling in the report: %+v\n%s", cl, out)
-	} else {
-		r, whole, half := cl.Rows[0], rep.Runs[1].OutputTokensPerS, rep.Runs[2].OutputTokensPerS
-		if want := 2 * half / whole; math.Abs(r.Ceiling-want) > 1e-9*want || math.Abs(r.Ratio-rep.Runs[0].OutputTokensPerS/whole) > 1e-9 ||
-			math.Abs(r.Share-r.Ratio/r.Ceiling) > 1e-9 || cl.Rows[1].Round != 0 || cl.Rows[1].Ceiling != r.Ceiling {
-			t.Errorf("ceiling rows %+v from route %.1f, whole %.1f and %.1f tokens/s", cl.Rows, rep.Runs[0].OutputTokensPerS, whole, half)
-		}
 	}
 	for _, s := range rep.Runs {
 		if s.Requests != 6 || s.Errors != 0 || s.OutputTokens != 48 || s.ITL.Count != 42 {
@@ -119,12 +108,54 @@ func TestBenchCommand(t *testing.T) {
 		t.Errorf("HTML report: %v", err)
 	}
 
+	checkCeiling(t, bin, model, dir)
+
 	out, code = run(broken)
 	if code != 1 || !strings.Contains(out, "itl.p50 <= 0.001 ms") || !strings.Contains(out, "FAIL by") {
 		t.Fatalf("exit %d with a broken budget:\n%s", code, out)
 	}
 	if ps, _ := exec.Command("pgrep", "-f", bin+" serve").Output(); len(ps) > 0 {
 		t.Errorf("workers left running: %s", ps)
+	}
+}
+
+// checkCeiling runs bench --ceiling on a timed closed loop: each round
+// also runs the baseline at 2 sessions / 2 hops, and the report bounds
+// route / whole by 2 x whole(2) / whole(4), round by round and in medians.
+func checkCeiling(t *testing.T, bin, model, dir string) {
+	t.Helper()
+	jsonPath := filepath.Join(dir, "ceiling.json")
+	cmd := exec.Command(bin, "bench", "--model", model, "--shards", "2", "--unsplit", "--ceiling", "--concurrency", "4",
+		"--duration", "1s", "--prompt-len", "8", "--output-len", "8", "--rounds", "2", "--quiet", "--json", jsonPath)
+	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+filepath.Join(dir, "cache"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench --ceiling: %v\n%s", err, out)
+	}
+	var rep load.Report
+	if b, err := os.ReadFile(jsonPath); err != nil {
+		t.Fatal(err)
+	} else if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	tps := map[string]float64{}
+	for _, s := range rep.Runs {
+		tps[fmt.Sprintf("%s c=%d r%d", s.Target, s.Concurrency, s.Round)] = s.OutputTokensPerS
+	}
+	cl := rep.Ceiling
+	if len(rep.Runs) != 6 || cl == nil || cl.Hops != 2 || len(cl.Rows) != 3 || !strings.Contains(string(out), "pipeline ceiling") {
+		t.Fatalf("runs %v, ceiling %+v\n%s", tps, cl, out)
+	}
+	for _, r := range cl.Rows[:2] {
+		whole, half := tps[fmt.Sprintf("unsplit c=4 r%d", r.Round)], tps[fmt.Sprintf("unsplit c=2 r%d", r.Round)]
+		ratio := tps[fmt.Sprintf("route c=4 r%d", r.Round)] / whole
+		if whole <= 0 || half <= 0 || math.Abs(r.Ceiling-2*half/whole) > 1e-9 || math.Abs(r.Ratio-ratio) > 1e-9 ||
+			math.Abs(r.Share-ratio/r.Ceiling) > 1e-9 {
+			t.Errorf("round %d: %+v from %v", r.Round, r, tps)
+		}
+	}
+	if m := cl.Rows[2]; m.Round != 0 || m.Concurrency != 4 || m.Ceiling <= 0 {
+		t.Errorf("medians row %+v", m)
 	}
 }
 

@@ -100,6 +100,9 @@ func TestParseBench(t *testing.T) {
 		{[]string{"--model", "m", "--sweep", "rate=0"}, "--sweep"},
 		{[]string{"--model", "m", "--prompt-len", "x"}, "x"},
 		{[]string{"--model", "m", "extra"}, "unexpected argument"},
+		{[]string{"--model", "m", "--ceiling", "--duration", "5s"}, "--ceiling needs --unsplit"},
+		{[]string{"--model", "m", "--unsplit", "--ceiling", "--requests", "8"}, "timed closed loop"},
+		{[]string{"--model", "m", "--unsplit", "--ceiling", "--duration", "5s", "--rate", "2"}, "timed closed loop"},
 	} {
 		if _, err := parseBench(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err %v, want one naming %s", tc.args, err, tc.want)
