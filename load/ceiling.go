@@ -14,7 +14,9 @@ import (
 // rows over its step at c/N: N x whole(c/N) / whole(c) in tokens/s. The
 // bench measures whole(c/N) in each round beside the others (--ceiling),
 // so the ceiling is read on the same machine at the same time as the ratio
-// it bounds.
+// it bounds. It is a bound on decoding: runs too short for several
+// turnovers, or of long prompts, read it poorly (a 3 s run of 128-token
+// prompts gave 2.8x where 20 s of 8-token prompts give 1.8x).
 type Ceiling struct {
 	// Route and Baseline name the targets compared; Hops is the route's.
 	Route    string `json:"route"`
