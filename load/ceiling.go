@@ -15,8 +15,9 @@ import (
 // bench measures whole(c/N) in each round beside the others (--ceiling),
 // so the ceiling is read on the same machine at the same time as the ratio
 // it bounds. It is a bound on decoding: runs too short for several
-// turnovers, or of long prompts, read it poorly (a 3 s run of 128-token
-// prompts gave 2.8x where 20 s of 8-token prompts give 1.8x).
+// turnovers, or of long prompts, read it poorly (the bench preset: 2.8x
+// from 3 s runs of 128-token prompts at 16 sessions; 1.74-1.81x from 12 s
+// runs of 8-token prompts at 32).
 type Ceiling struct {
 	// Route and Baseline name the targets compared; Hops is the route's.
 	Route    string `json:"route"`
