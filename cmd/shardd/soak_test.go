@@ -163,6 +163,9 @@ type soakWorker struct {
 	Name       string  `json:"name"`
 	IdleBefore idleSet `json:"idle_before"`
 	IdleAfter  idleSet `json:"idle_after"`
+	// IdleAtSettle is what was out when its settle began (what the settle
+	// waited for).
+	IdleAtSettle idleSet `json:"idle_at_settle"`
 	// SettleSeconds is how long it took to get back to IdleBefore.
 	SettleSeconds float64 `json:"settle_s"`
 	RSSWarmMiB    float64 `json:"rss_after_warmup_mib"`
@@ -628,6 +631,7 @@ func TestSoak(t *testing.T) {
 	for i, a := range cl.Metrics {
 		w := &rep.Workers[i]
 		start := time.Now()
+		w.IdleAtSettle, _ = idleOf(a)
 		idle, err := settle(a, w.IdleBefore, 150*time.Second, 270*time.Second)
 		w.IdleAfter, w.SettleSeconds = idle, time.Since(start).Seconds()
 		if err != nil {
