@@ -31,7 +31,7 @@ BENCHCOUNT ?= 6
 
 APT_PKGS := protobuf-compiler chromium unzip cmake patch
 
-.PHONY: all deps tools llama build-cuda env generate check-generate build test vet unit fuzz fuzz-long soak soak-short bench demo demo-real models pyenv upstream vs-upstream vs-llama clean
+.PHONY: all deps tools llama build-cuda env generate check-generate build test vet unit fuzz fuzz-long soak soak-short bench demo demo-real models pyenv upstream vs-upstream vs-llama pipeline clean
 
 all: build
 
@@ -249,6 +249,13 @@ VSROUNDS ?= 3
 VSTHREADS ?= 1
 vs-upstream: deps llama models upstream
 	@scripts/vs-batched-bench.sh $(CURDIR)/out/vs-upstream/t$(VSTHREADS) $(VSROUNDS) $(VSTHREADS) smollm2 gemma3
+
+## pipeline: issue 44's pipeline rows, route / whole at 32 sessions with
+## the ceiling read in the same rounds, bench preset and SmolLM2, VSROUNDS
+## rounds (scripts/pipeline.sh), into out/pipeline; 2 CPUs, about 15
+## minutes at 3 rounds; not part of `make test`.
+pipeline: build models
+	@scripts/pipeline.sh $(BIN)/shardd $(CURDIR)/out/pipeline $(VSROUNDS)
 
 ## vs-llama: shardd's patched llama.cpp against upstream's unpatched build
 ## of the same tree through one C driver linked against each
