@@ -506,22 +506,24 @@ func (c *benchConfig) runRounds(ctx context.Context, targets []load.Target, rep 
 			if lw.Warmup < 0 {
 				lw.Warmup = max(lw.Concurrency, 1)
 			}
+			type run struct {
+				t load.Target
+				w load.Workload
+			}
+			var runs []run
 			for _, t := range targets {
-				opts.Label = runLabel(t.Name, lw, round, c.f.rounds)
-				s, err := load.Run(ctx, t, lw, opts)
-				if err != nil {
-					return err
-				}
-				s.Round = round
-				rep.Runs = append(rep.Runs, s)
+				runs = append(runs, run{t, lw})
 			}
 			if ceiling != nil && !slices.Contains(c.levels, float64(lw.Concurrency/ceiling.hops)) {
 				// The baseline at c/N beside the others at c, unless the
 				// sweep runs that level anyway.
 				hw := lw
 				hw.Concurrency /= ceiling.hops
-				opts.Label = runLabel(ceiling.baseline.Name, hw, round, c.f.rounds)
-				s, err := load.Run(ctx, ceiling.baseline, hw, opts)
+				runs = append(runs, run{ceiling.baseline, hw})
+			}
+			for _, r := range runs {
+				opts.Label = runLabel(r.t.Name, r.w, round, c.f.rounds)
+				s, err := load.Run(ctx, r.t, r.w, opts)
 				if err != nil {
 					return err
 				}
