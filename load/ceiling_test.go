@@ -2,6 +2,8 @@ package load
 
 import (
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -42,6 +44,19 @@ func TestCeilingRounds(t *testing.T) {
 	r.WriteText(&b)
 	if !strings.Contains(b.String(), "pipeline ceiling") || !strings.Contains(b.String(), "median") {
 		t.Errorf("the text report has no ceiling:\n%s", b.String())
+	}
+	page := filepath.Join(t.TempDir(), "r.html")
+	if err := r.WriteHTML(page); err != nil {
+		t.Fatal(err)
+	}
+	html, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"<h2>Pipeline ceiling</h2>", "<td>c=32</td><td>2</td><td>1.65x</td><td>2.00x</td><td>82%</td>", "<td>median</td><td>1.65x</td><td>2.00x</td><td>83%</td>"} {
+		if !strings.Contains(string(html), w) {
+			t.Errorf("the HTML report lacks %q", w)
+		}
 	}
 
 	// One hop has no ceiling; nor does a report without its runs.

@@ -224,6 +224,11 @@ seed {{.R.Workload.Seed}}; {{.R.Workload.Rounds}} round(s){{if .R.Workload.SLO}}
 <table><tr><th>target</th><th>load</th><th>rounds</th><th>tokens/s</th><th>spread</th><th>steady tokens/s</th><th>spread</th><th>ratio</th><th>TTFT p99</th><th>ITL p99</th></tr>
 {{range .R.Medians}}<tr><td>{{.Target}}</td><td>{{.Load}}</td><td>{{.Rounds}}</td><td>{{printf "%.1f" .OutputTokensPerS}}</td><td>{{printf "%.0f%%" (pct .Spread)}}</td><td>{{printf "%.1f" .SteadyTokensPerS}}</td><td>{{printf "%.0f%%" (pct .SteadySpread)}}</td><td>{{printf "%.2fx" .Ratio}}</td><td>{{ms .TTFTP99}}</td><td>{{ms .ITLP99}}</td></tr>
 {{end}}</table>{{end}}
+{{with .R.Ceiling}}{{if .Rows}}<h2>Pipeline ceiling</h2>
+<p>{{.Route}} / {{.Baseline}} against {{.Hops}} x {{.Baseline}} at c/{{.Hops}} over {{.Baseline}} at c: the ratio with balanced hops, no idle and free crossings, read in the same rounds.</p>
+<table><tr><th>load</th><th>round</th><th>ratio</th><th>ceiling</th><th>share</th></tr>
+{{range .Rows}}<tr><td>c={{.Concurrency}}</td><td>{{if .Round}}{{.Round}}{{else}}median{{end}}</td><td>{{printf "%.2fx" .Ratio}}</td><td>{{printf "%.2fx" .Ceiling}}</td><td>{{printf "%.0f%%" (pct .Share)}}</td></tr>
+{{end}}</table>{{end}}{{end}}
 {{if .R.Budget}}<h2>Budget: {{if .R.BudgetPass}}<span class="ok">every limit holds</span>{{else}}<span class="fail">FAILED</span>{{end}}</h2>
 <table><tr><th>run</th><th>limit</th><th>value</th><th>verdict</th></tr>
 {{range .R.Budget}}<tr><td>{{.Run}}</td><td>{{.Limit}}</td><td>{{printf "%.4g" .Value}}</td><td>{{if .Pass}}<span class="ok">ok</span>{{else}}<span class="fail">FAIL</span>{{end}}</td></tr>
