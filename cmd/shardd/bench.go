@@ -115,7 +115,7 @@ func (f *benchFlags) addTargetFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&f.unsplit, "unsplit", false, "with --model: also run the whole model in one worker, as the baseline")
 	fs.StringVar(&f.unsplitThreads, "unsplit-threads", "1", "threads of the --unsplit worker; a list (1,2) makes one baseline per value")
 	fs.StringVar(&f.unsplitCPUs, "unsplit-cpus", "", "CPU set of each --unsplit worker, ';' between them (0 or 0;0-1)")
-	fs.BoolVar(&f.ceiling, "ceiling", false, "with --unsplit and a timed closed loop (--duration) at c (a multiple of the hop count N): each round also runs the first baseline at c/N, and the report gives route / whole against its ceiling, N x whole(c/N) / whole(c), round by round")
+	fs.BoolVar(&f.ceiling, "ceiling", false, "with --unsplit and a timed closed loop (--duration) at c (a multiple of the hop count N): each round also runs the baseline with the hops' thread count at c/N, and the report gives route / whole against its ceiling, N x whole(c/N) / whole(c), round by round")
 	fs.StringVar(&f.serveArgs, "serve-args", "", "further flags for every 'shardd serve' the harness starts (space-separated)")
 	fs.BoolVar(&f.stages, "stages", false, "with --model: workers write spans, and the report has per-stage latency and each worker's busy share and idle between forwards, by what came next (a whole decode group, part of one, prompt rows)")
 	fs.IntVar(&f.standbys, "standbys", 0, "with --model: also start this many standby workers per shard, which a hop whose worker fails moves to")
@@ -535,8 +535,8 @@ func (c *benchConfig) runRounds(ctx context.Context, targets []load.Target, rep 
 	return nil
 }
 
-// ceilingRun is what --ceiling runs besides the targets: the first
-// baseline at c / hops.
+// ceilingRun is what --ceiling runs besides the targets: the baseline
+// with as many threads as each hop has, at c / hops.
 type ceilingRun struct {
 	baseline load.Target
 	hops     int
@@ -548,10 +548,29 @@ func (c *benchConfig) ceilingRuns(targets []load.Target, rep *load.Report) (*cei
 	if !c.f.ceiling {
 		return nil, nil
 	}
-	i := slices.IndexFunc(targets, func(t load.Target) bool { return strings.HasPrefix(t.Name, "unsplit") })
 	hops := len(targets[0].Addrs)
-	if i < 0 || hops < 2 {
+	if hops < 2 || !slices.ContainsFunc(targets, func(t load.Target) bool { return strings.HasPrefix(t.Name, "unsplit") }) {
 		return nil, fmt.Errorf("--ceiling needs a route of 2 or more hops and an --unsplit baseline")
+	}
+	// The bound compares a hop's forward with the whole model's on as many
+	// threads: the baseline must have the threads each hop has.
+	threads := func(name string) []int {
+		for _, ti := range rep.Targets {
+			if ti.Name == name {
+				return ti.Threads
+			}
+		}
+		return nil
+	}
+	per := slices.Compact(slices.Clone(threads(targets[0].Name)))
+	if len(per) != 1 {
+		return nil, fmt.Errorf("--ceiling needs the route's hops on one thread count each (--threads), not %v", threads(targets[0].Name))
+	}
+	i := slices.IndexFunc(targets, func(t load.Target) bool {
+		return strings.HasPrefix(t.Name, "unsplit") && slices.Equal(threads(t.Name), per)
+	})
+	if i < 0 {
+		return nil, fmt.Errorf("--ceiling needs an --unsplit baseline on %d thread(s), as each hop has (--unsplit-threads)", per[0])
 	}
 	for _, lvl := range c.levels {
 		if conc := int(lvl); conc%hops != 0 {

@@ -109,3 +109,33 @@ func TestParseBench(t *testing.T) {
 		}
 	}
 }
+
+// --ceiling compares the route with the baseline that has each hop's
+// thread count, whichever --unsplit-threads lists first, and refuses
+// where there is none or the hops differ.
+func TestCeilingBaseline(t *testing.T) {
+	c, err := parseBench([]string{"--model", "m", "--shards", "2", "--unsplit", "--unsplit-threads", "2,1", "--ceiling", "--duration", "5s", "--concurrency", "32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := []load.Target{{Name: "route", Addrs: []string{"a:1", "b:1"}}, {Name: "unsplit-2t"}, {Name: "unsplit-1t"}}
+	info := func(hops, base []int) []load.TargetInfo {
+		return []load.TargetInfo{{Name: "route", Threads: hops}, {Name: "unsplit-2t", Threads: []int{2}}, {Name: "unsplit-1t", Threads: base}}
+	}
+	rep := &load.Report{Targets: info([]int{1, 1}, []int{1})}
+	run, err := c.ceilingRuns(targets, rep)
+	if err != nil || run.baseline.Name != "unsplit-1t" || run.hops != 2 || rep.Ceiling.Baseline != "unsplit-1t" {
+		t.Fatalf("ceiling run %+v, %v", run, err)
+	}
+	for _, tc := range []struct {
+		hops, base []int
+		want       string
+	}{
+		{[]int{1, 1}, []int{3}, "--unsplit baseline on 1 thread"},
+		{[]int{1, 2}, []int{1}, "one thread count"},
+	} {
+		if _, err := c.ceilingRuns(targets, &load.Report{Targets: info(tc.hops, tc.base)}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("hops %v, baseline %v: err %v, want %q", tc.hops, tc.base, err, tc.want)
+		}
+	}
+}
