@@ -3,6 +3,7 @@ package load
 import (
 	"fmt"
 	"io"
+	"slices"
 	"text/tabwriter"
 )
 
@@ -38,6 +39,13 @@ type CeilingRow struct {
 	Ratio   float64 `json:"ratio"`
 	Ceiling float64 `json:"ceiling"`
 	Share   float64 `json:"share"`
+	// HostSpread is how far the host's memory read speed, probed before
+	// and after each of the round's three runs (Summary.HostReadGBps),
+	// moved: (fastest - slowest) / median, 0 without probes, as the
+	// medians' spread is. The probe alone repeats within about 10% on
+	// these hosts; a round well above that compared runs made at
+	// different host speeds, and its ceiling can read even above Hops.
+	HostSpread float64 `json:"host_spread,omitempty"`
 }
 
 // finish computes the rows from the runs: a round counts where the route
@@ -53,9 +61,11 @@ func (c *Ceiling) finish(runs []*Summary) {
 		round       int
 	}
 	tps := map[key]float64{}
+	reads := map[key][]float64{}
 	for _, s := range runs {
 		if s.Rate == 0 {
 			tps[key{s.Target, s.Concurrency, s.Round}] = s.OutputTokensPerS
+			reads[key{s.Target, s.Concurrency, s.Round}] = s.HostReadGBps
 		}
 	}
 	byLevel := map[int][]CeilingRow{}
@@ -73,6 +83,8 @@ func (c *Ceiling) finish(runs []*Summary) {
 		row := CeilingRow{Concurrency: conc, Round: s.Round, Ratio: s.OutputTokensPerS / whole,
 			Ceiling: float64(c.Hops) * half / whole}
 		row.Share = row.Ratio / row.Ceiling
+		row.HostSpread = spread(slices.Concat(s.HostReadGBps, reads[key{c.Baseline, conc, s.Round}],
+			reads[key{c.Baseline, conc / c.Hops, s.Round}]))
 		if _, ok := byLevel[conc]; !ok {
 			levels = append(levels, conc)
 		}
@@ -89,9 +101,10 @@ func (c *Ceiling) finish(runs []*Summary) {
 			return median(v)
 		}
 		c.Rows = append(c.Rows, CeilingRow{Concurrency: conc,
-			Ratio:   pick(func(r CeilingRow) float64 { return r.Ratio }),
-			Ceiling: pick(func(r CeilingRow) float64 { return r.Ceiling }),
-			Share:   pick(func(r CeilingRow) float64 { return r.Share })})
+			Ratio:      pick(func(r CeilingRow) float64 { return r.Ratio }),
+			Ceiling:    pick(func(r CeilingRow) float64 { return r.Ceiling }),
+			Share:      pick(func(r CeilingRow) float64 { return r.Share }),
+			HostSpread: pick(func(r CeilingRow) float64 { return r.HostSpread })})
 	}
 }
 
@@ -103,14 +116,26 @@ func (c *Ceiling) write(w io.Writer) {
 		fmt.Fprintln(w, "  none: no round ran the route and the baseline at c and c/hops")
 		return
 	}
+	probed := slices.ContainsFunc(c.Rows, func(r CeilingRow) bool { return r.HostSpread > 0 })
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "load\tround\tratio\tceiling\tshare\t")
+	fmt.Fprint(tw, "load\tround\tratio\tceiling\tshare\t")
+	if probed {
+		fmt.Fprint(tw, "host moved\t")
+	}
+	fmt.Fprintln(tw)
 	for _, r := range c.Rows {
 		round := fmt.Sprint(r.Round)
 		if r.Round == 0 {
 			round = "median"
 		}
-		fmt.Fprintf(tw, "c=%d\t%s\t%.2fx\t%.2fx\t%.0f%%\t\n", r.Concurrency, round, r.Ratio, r.Ceiling, 100*r.Share)
+		fmt.Fprintf(tw, "c=%d\t%s\t%.2fx\t%.2fx\t%.0f%%\t", r.Concurrency, round, r.Ratio, r.Ceiling, 100*r.Share)
+		if probed {
+			fmt.Fprintf(tw, "%.0f%%\t", 100*r.HostSpread)
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
+	if probed {
+		fmt.Fprintln(w, "host moved: how far one core's memory read speed, probed before and after each of the round's runs, moved (fastest - slowest over the median; the probe alone repeats within about 10%); a round well above that compared runs made at different host speeds")
+	}
 }

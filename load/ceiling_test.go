@@ -15,9 +15,11 @@ func TestCeilingRounds(t *testing.T) {
 	run := func(target string, c, round int, tps float64) *Summary {
 		return &Summary{Target: target, Concurrency: c, Round: round, OutputTokensPerS: tps}
 	}
+	probed := func(s *Summary, reads ...float64) *Summary { s.HostReadGBps = reads; return s }
 	runs := []*Summary{
 		run("route", 32, 1, 300), run("unsplit", 32, 1, 200), run("unsplit", 16, 1, 180), // 1.5 of 1.8
-		run("route", 32, 2, 330), run("unsplit", 32, 2, 200), run("unsplit", 16, 2, 200), // 1.65 of 2.0
+		// 1.65 of 2.0, the host moving from 10 to 4 GB/s: (10 - 4) / 8
+		probed(run("route", 32, 2, 330), 10, 9), probed(run("unsplit", 32, 2, 200), 8, 8), probed(run("unsplit", 16, 2, 200), 6, 4),
 		run("route", 32, 3, 250), run("unsplit", 32, 3, 100), run("unsplit", 16, 3, 100), // 2.5 of 2.0
 		run("route", 32, 4, 999), run("unsplit", 32, 4, 100), // no c/2 run: skipped
 		run("route+compact", 32, 1, 500),
@@ -27,8 +29,8 @@ func TestCeilingRounds(t *testing.T) {
 	r := &Report{Runs: runs, Ceiling: c}
 	r.Finish(Budget{}, "")
 	want := []CeilingRow{
-		{32, 1, 1.5, 1.8, 1.5 / 1.8}, {32, 2, 1.65, 2, 0.825}, {32, 3, 2.5, 2, 1.25},
-		{32, 0, 1.65, 2, 1.5 / 1.8}, // each column's own median
+		{32, 1, 1.5, 1.8, 1.5 / 1.8, 0}, {32, 2, 1.65, 2, 0.825, 6.0 / 8}, {32, 3, 2.5, 2, 1.25, 0},
+		{32, 0, 1.65, 2, 1.5 / 1.8, 0}, // each column's own median
 	}
 	if len(c.Rows) != len(want) {
 		t.Fatalf("rows %+v, want %+v", c.Rows, want)
@@ -36,13 +38,14 @@ func TestCeilingRounds(t *testing.T) {
 	for i, w := range want {
 		g := c.Rows[i]
 		if g.Concurrency != w.Concurrency || g.Round != w.Round || math.Abs(g.Ratio-w.Ratio) > 1e-9 ||
-			math.Abs(g.Ceiling-w.Ceiling) > 1e-9 || math.Abs(g.Share-w.Share) > 1e-9 {
+			math.Abs(g.Ceiling-w.Ceiling) > 1e-9 || math.Abs(g.Share-w.Share) > 1e-9 || math.Abs(g.HostSpread-w.HostSpread) > 1e-9 {
 			t.Errorf("row %d: %+v, want %+v", i, g, w)
 		}
 	}
 	var b strings.Builder
 	r.WriteText(&b)
-	if !strings.Contains(b.String(), "pipeline ceiling") || !strings.Contains(b.String(), "median") {
+	if !strings.Contains(b.String(), "pipeline ceiling") || !strings.Contains(b.String(), "median") ||
+		!strings.Contains(b.String(), "host moved") || !strings.Contains(b.String(), "75%") {
 		t.Errorf("the text report has no ceiling:\n%s", b.String())
 	}
 	page := filepath.Join(t.TempDir(), "r.html")
@@ -53,7 +56,7 @@ func TestCeilingRounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []string{"<h2>Pipeline ceiling</h2>", "<td>c=32</td><td>2</td><td>1.65x</td><td>2.00x</td><td>82%</td>", "<td>median</td><td>1.65x</td><td>2.00x</td><td>83%</td>"} {
+	for _, w := range []string{"<h2>Pipeline ceiling</h2>", "<td>c=32</td><td>2</td><td>1.65x</td><td>2.00x</td><td>82%</td><td>75%</td>", "<td>median</td><td>1.65x</td><td>2.00x</td><td>83%</td><td>0%</td>"} {
 		if !strings.Contains(string(html), w) {
 			t.Errorf("the HTML report lacks %q", w)
 		}

@@ -44,6 +44,11 @@
 //   - on a Linux host that runs DAMON, the CPU time its kdamond used during
 //     the run (forwards stall while it runs: a tail that grows with it is
 //     the host's; see internal/hoststat).
+//   - with RunOptions.ProbeCPUs (bench: the CPUs its workers are pinned
+//     to), one core's memory read speed there before and after the run
+//     (hoststat.ReadGBps): on a shared host it moves by up to 2x within
+//     minutes, and a forward's time with it, so two runs of a comparison
+//     made at different speeds show as such (the ceiling's host spread).
 //
 // Links put a toxiproxy proxy (in the harness's process, on loopback) in
 // front of a hop's worker with added latency, jitter or a bandwidth cap. In shardd the head carries every activation, so a hop's
@@ -61,7 +66,8 @@
 // (per target and level over rounds: tokens/s, its spread, the ratio to
 // the first target, TTFT and ITL p99, goodput), sweep (levels and knee),
 // ceiling (--ceiling: route, baseline, hops and rows of concurrency, round
-// (0: the medians), ratio, ceiling and share; Ceiling says what they mean)
+// (0: the medians), ratio, ceiling, share and host_spread; Ceiling says what
+// they mean)
 // and budget (each limit checked against each run of the first target)
 // with budget_pass.
 package load

@@ -225,9 +225,9 @@ seed {{.R.Workload.Seed}}; {{.R.Workload.Rounds}} round(s){{if .R.Workload.SLO}}
 {{range .R.Medians}}<tr><td>{{.Target}}</td><td>{{.Load}}</td><td>{{.Rounds}}</td><td>{{printf "%.1f" .OutputTokensPerS}}</td><td>{{printf "%.0f%%" (pct .Spread)}}</td><td>{{printf "%.1f" .SteadyTokensPerS}}</td><td>{{printf "%.0f%%" (pct .SteadySpread)}}</td><td>{{printf "%.2fx" .Ratio}}</td><td>{{ms .TTFTP99}}</td><td>{{ms .ITLP99}}</td></tr>
 {{end}}</table>{{end}}
 {{with .R.Ceiling}}{{if .Rows}}<h2>Pipeline ceiling</h2>
-<p>{{.Route}} / {{.Baseline}} against {{.Hops}} x {{.Baseline}} at c/{{.Hops}} over {{.Baseline}} at c: the ratio with balanced hops, no idle and free crossings, read in the same rounds.</p>
-<table><tr><th>load</th><th>round</th><th>ratio</th><th>ceiling</th><th>share</th></tr>
-{{range .Rows}}<tr><td>c={{.Concurrency}}</td><td>{{if .Round}}{{.Round}}{{else}}median{{end}}</td><td>{{printf "%.2fx" .Ratio}}</td><td>{{printf "%.2fx" .Ceiling}}</td><td>{{printf "%.0f%%" (pct .Share)}}</td></tr>
+<p>{{.Route}} / {{.Baseline}} against {{.Hops}} x {{.Baseline}} at c/{{.Hops}} over {{.Baseline}} at c: the ratio with balanced hops, no idle and free crossings, read in the same rounds. Host moved: how far one core's memory read speed, probed before and after each of the round's runs, moved (fastest - slowest over the median; 0 without probes).</p>
+<table><tr><th>load</th><th>round</th><th>ratio</th><th>ceiling</th><th>share</th><th>host moved</th></tr>
+{{range .Rows}}<tr><td>c={{.Concurrency}}</td><td>{{if .Round}}{{.Round}}{{else}}median{{end}}</td><td>{{printf "%.2fx" .Ratio}}</td><td>{{printf "%.2fx" .Ceiling}}</td><td>{{printf "%.0f%%" (pct .Share)}}</td><td>{{printf "%.0f%%" (pct .HostSpread)}}</td></tr>
 {{end}}</table>{{end}}{{end}}
 {{if .R.Budget}}<h2>Budget: {{if .R.BudgetPass}}<span class="ok">every limit holds</span>{{else}}<span class="fail">FAILED</span>{{end}}</h2>
 <table><tr><th>run</th><th>limit</th><th>value</th><th>verdict</th></tr>

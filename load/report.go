@@ -446,7 +446,8 @@ func stageNames(stages []map[string]Dist) []string {
 }
 
 // writeHost notes what the host's kdamond ran during each run, where it
-// ran at all: the forwards it stalled are in the latency tails above.
+// ran at all (the forwards it stalled are in the latency tails above), and
+// the host's memory read speed around each run, where it was probed.
 func (r *Report) writeHost(w io.Writer) {
 	var parts []string
 	for _, s := range r.Runs {
@@ -456,6 +457,15 @@ func (r *Report) writeHost(w io.Writer) {
 	}
 	if len(parts) > 0 {
 		fmt.Fprintf(w, "\nhost: kdamond (the kernel's memory monitor) used this much CPU during each run, and forwards stall while it runs: %s\n", strings.Join(parts, ", "))
+	}
+	parts = parts[:0]
+	for _, s := range r.Runs {
+		if len(s.HostReadGBps) == 2 {
+			parts = append(parts, fmt.Sprintf("%s %.1f / %.1f", s.Label, s.HostReadGBps[0], s.HostReadGBps[1]))
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "\nhost: memory read speed of one core on the workers' CPUs before / after each run, GB/s (a forward's time moves with it): %s\n", strings.Join(parts, ", "))
 	}
 }
 

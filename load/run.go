@@ -74,6 +74,10 @@ type RunOptions struct {
 	// MaxInflight caps an open loop's requests in flight; an arrival
 	// beyond it is shed and counted as an error ("SHED"). Default 4096.
 	MaxInflight int
+	// ProbeCPUs, when set, are the CPUs whose memory read speed is probed
+	// before and after the measured phase (Summary.HostReadGBps): the
+	// workers' CPUs, the same for every run of a comparison.
+	ProbeCPUs []int
 }
 
 // recorder collects one run's measurements.
@@ -273,6 +277,10 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 		}
 	}
 
+	var reads []float64
+	if err := probeHost(opts.ProbeCPUs, &reads); err != nil {
+		return nil, err
+	}
 	spanFrom := time.Now()
 	cpu0 := processCPU()
 	kd := hoststat.Kdamond()
@@ -297,11 +305,15 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
+	if err := probeHost(opts.ProbeCPUs, &reads); err != nil {
+		return nil, err
+	}
 	s := rec.summary(t, w, opts.Label)
 	if s.OutputTokens > 0 {
 		s.HarnessCPUPerTokenMicros = float64(cpu.Microseconds()) / float64(s.OutputTokens)
 	}
 	s.HostKdamondMillis = float64(kdCPU.Microseconds()) / 1000
+	s.HostReadGBps = reads
 	s.PrefixHitRate, s.PrefixHitSeries, s.PrefixMisfits = hops.hitRate, hops.hitSeries, hops.delta[misfitsMetric]
 	s.StreamPlaceholders, s.StreamCopies = hops.delta[placeholdersMetric], hops.delta[copiesMetric]
 	s.HopBusy, s.HopRowsPerForward, s.HopCost = hops.busy, hops.rows, hops.cost
@@ -808,4 +820,18 @@ func sampleCounters(metrics []string, rec *recorder) func() hopCounters {
 		}
 		return h
 	}
+}
+
+// probeHost appends the memory read speed of cpus to reads (nothing when
+// there are none to probe).
+func probeHost(cpus []int, reads *[]float64) error {
+	if len(cpus) == 0 {
+		return nil
+	}
+	gbps, err := hoststat.ReadGBps(cpus)
+	if err != nil {
+		return err
+	}
+	*reads = append(*reads, gbps)
+	return nil
 }

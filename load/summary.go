@@ -171,6 +171,11 @@ type Summary struct {
 	// a Linux host that runs it. A forward stalls while it runs, so a
 	// latency tail that grows with it is the host's, not the route's.
 	HostKdamondMillis float64 `json:"host_kdamond_ms,omitempty"`
+	// HostReadGBps is how fast one thread on each of RunOptions.ProbeCPUs
+	// read memory just before and just after the measured phase
+	// (hoststat.ReadGBps; absent where none were given). These hosts' read
+	// speed moves by up to 2x within minutes, and a forward's time with it.
+	HostReadGBps []float64 `json:"host_read_gbps,omitempty"`
 	// ITLSeries is [seconds since the measured phase began, ITL ms]
 	// points (a sample of at most 20,000).
 	ITLSeries [][2]float64 `json:"itl_series"`

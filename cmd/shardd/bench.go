@@ -36,7 +36,9 @@ output token (TPOT) and end-to-end latency (p50/p90/p99/max, HdrHistogram), outp
 per-hop execution and wire time, per-stage latency and each worker's idle between forwards (by
 the kind of forward that ended it) from worker spans, errors by ErrorCode, and the harness's own
 CPU time per token. For the workers it starts, also each one's share of the run in forward
-calls, rows per forward and cost model (from their metrics).
+calls, rows per forward and cost model (from their metrics), and, where they are pinned
+(--worker-cpus, --unsplit-cpus), one core's memory read speed on their CPUs before and after
+each run: on a shared host it moves, and a forward's time with it.
 
 Target: an existing route (--route A,B,...), or a route it starts from a model (--model FILE with
 --shards N [--by cost [--kv-cells N]] or --ranges 0:8,8:12, cut as 'shardd split' cuts): one
@@ -44,7 +46,8 @@ Target: an existing route (--route A,B,...), or a route it starts from a model (
 afterwards (also on Ctrl-C). --unsplit adds the whole model in one worker as a baseline, run in
 interleaved rounds (--rounds) with the same requests; --ceiling also runs it at c/N sessions for
 an N-hop route and reports route / whole against N x whole(c/N) / whole(c), the most N decode
-groups can give (balanced hops, no idle, free crossings), read in the same round.
+groups can give (balanced hops, no idle, free crossings), read in the same round, with how far
+the host's read speed moved across the round's runs.
 
 Budget (--budget FILE, .yaml or .toml; nested keys flatten with dots): limits on
   ttft|itl|tpot|e2e.STAT           e.g. itl.p99: 25ms
@@ -100,6 +103,9 @@ type benchConfig struct {
 	levels     []float64
 	sweepParam string
 	budget     load.Budget
+	// probeCPUs are the CPUs the started workers are pinned to, whose
+	// memory read speed each run probes (none: not pinned, or --route).
+	probeCPUs []int
 }
 
 func (f *benchFlags) addTargetFlags(fs *flag.FlagSet) {
@@ -421,12 +427,26 @@ func (c *benchConfig) spawnSpec(dir string) (load.Spawn, error) {
 			return sp, err
 		}
 	}
+	c.probeCPUs = pinnedCPUs(sp)
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		cache = os.TempDir()
 	}
 	sp.Shards, err = load.Shards(f.model, sp.Ranges, filepath.Join(cache, "shardd", "bench-shards"))
 	return sp, err
+}
+
+// pinnedCPUs is the union of the CPUs sp pins its workers to, in order.
+func pinnedCPUs(sp load.Spawn) []int {
+	var out []int
+	for _, set := range sp.CPUs {
+		out = append(out, set...)
+	}
+	for _, b := range sp.Baselines {
+		out = append(out, b.CPUs...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // parseKill reads --kill HOP@DUR[,restart=DUR] ("": none).
@@ -480,7 +500,8 @@ func baselines(threads, cpus string) ([]load.Baseline, error) {
 // runRounds runs every target at every level, round after round, so the
 // targets see the same machine conditions.
 func (c *benchConfig) runRounds(ctx context.Context, targets []load.Target, rep *load.Report) error {
-	opts := load.RunOptions{Route: route.Options{StepTimeout: c.f.stepTimeout, CompactLogits: c.f.compact == "on", PipelineChunks: c.f.pipeChunks}}
+	opts := load.RunOptions{Route: route.Options{StepTimeout: c.f.stepTimeout, CompactLogits: c.f.compact == "on", PipelineChunks: c.f.pipeChunks},
+		ProbeCPUs: c.probeCPUs}
 	if c.f.route != "" {
 		var err error
 		if _, _, opts.Route.TLS, err = routeSpec(c.f.route, c.f.tls); err != nil {

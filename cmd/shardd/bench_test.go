@@ -8,11 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/meshnet/shardd/bufpool"
 	"github.com/meshnet/shardd/gguf"
+	"github.com/meshnet/shardd/internal/hoststat"
 	"github.com/meshnet/shardd/internal/race"
 	"github.com/meshnet/shardd/load"
 )
@@ -122,11 +124,19 @@ func TestBenchCommand(t *testing.T) {
 // checkCeiling runs bench --ceiling on a timed closed loop: each round
 // also runs the baseline at 2 sessions / 2 hops, and the report bounds
 // route / whole by 2 x whole(2) / whole(4), round by round and in medians.
+// The workers are pinned (to one CPU this process may use), so every run
+// probes the host's read speed before and after, and each round says how
+// far it moved.
 func checkCeiling(t *testing.T, bin, model, dir string) {
 	t.Helper()
+	cpu, err := hoststat.FirstCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
 	jsonPath := filepath.Join(dir, "ceiling.json")
 	cmd := exec.Command(bin, "bench", "--model", model, "--shards", "2", "--unsplit", "--ceiling", "--concurrency", "4",
-		"--duration", "1s", "--prompt-len", "8", "--output-len", "8", "--rounds", "2", "--quiet", "--json", jsonPath)
+		"--duration", "1s", "--prompt-len", "8", "--output-len", "8", "--rounds", "2", "--quiet", "--json", jsonPath,
+		"--worker-cpus", fmt.Sprintf("%d;%d", cpu, cpu), "--unsplit-cpus", fmt.Sprint(cpu))
 	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+filepath.Join(dir, "cache"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -139,8 +149,13 @@ func checkCeiling(t *testing.T, bin, model, dir string) {
 		t.Fatal(err)
 	}
 	tps := map[string]float64{}
+	reads := map[int][]float64{}
 	for _, s := range rep.Runs {
 		tps[fmt.Sprintf("%s c=%d r%d", s.Target, s.Concurrency, s.Round)] = s.OutputTokensPerS
+		if len(s.HostReadGBps) != 2 || slices.Min(s.HostReadGBps) <= 0 {
+			t.Errorf("%s: host read speed %v, want before and after", s.Label, s.HostReadGBps)
+		}
+		reads[s.Round] = append(reads[s.Round], s.HostReadGBps...)
 	}
 	cl := rep.Ceiling
 	if len(rep.Runs) != 6 || cl == nil || cl.Hops != 2 || len(cl.Rows) != 3 || !strings.Contains(string(out), "pipeline ceiling") {
@@ -152,6 +167,10 @@ func checkCeiling(t *testing.T, bin, model, dir string) {
 		if whole <= 0 || half <= 0 || math.Abs(r.Ceiling-2*half/whole) > 1e-9 || math.Abs(r.Ratio-ratio) > 1e-9 ||
 			math.Abs(r.Share-ratio/r.Ceiling) > 1e-9 {
 			t.Errorf("round %d: %+v from %v", r.Round, r, tps)
+		}
+		v := reads[r.Round]
+		if want := (slices.Max(v) - slices.Min(v)) / median(v); len(v) != 6 || math.Abs(r.HostSpread-want) > 1e-9 {
+			t.Errorf("round %d: host spread %v from %v, want %v", r.Round, r.HostSpread, v, want)
 		}
 	}
 	if m := cl.Rows[2]; m.Round != 0 || m.Concurrency != 4 || m.Ceiling <= 0 {
@@ -200,4 +219,13 @@ func TestBenchKill(t *testing.T) {
 	if ps, _ := exec.Command("pgrep", "-f", bin+" serve").Output(); len(ps) > 0 {
 		t.Errorf("workers left running: %s", ps)
 	}
+}
+
+// median is the middle of v, or the mean of its two middle values.
+func median(v []float64) float64 {
+	v = slices.Sorted(slices.Values(v))
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }

@@ -1,10 +1,13 @@
 package hoststat
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // fakeProc writes a /proc with the given threads: pid -> comm, schedstat.
@@ -48,5 +51,52 @@ func TestFindNothing(t *testing.T) {
 	}
 	if th := find(filepath.Join(t.TempDir(), "missing"), "kdamond"); th.Found() {
 		t.Fatal("found threads in a missing /proc")
+	}
+}
+
+// ReadGBps reads at a plausible speed on a CPU this process may use, and
+// refuses no CPUs and a CPU it may not be pinned to.
+func TestReadGBps(t *testing.T) {
+	gbps, err := ReadGBps([]int{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A core reads memory at 1-100 GB/s; 96 MiB in about a second, or in
+	// a tenth of a millisecond, is not a read.
+	if gbps < 0.1 || gbps > 1000 {
+		t.Fatalf("read speed %.2f GB/s", gbps)
+	}
+	t.Logf("CPU 0 reads %.1f GB/s", gbps)
+	if _, err := ReadGBps(nil); err == nil {
+		t.Error("no CPUs: no error")
+	}
+	if _, err := ReadGBps([]int{1 << 20}); err == nil {
+		t.Error("a CPU that does not exist: no error")
+	}
+}
+
+// A probe leaves the thread it ran on alive, unpinned and back in the
+// runtime's use: a child whose parent thread ends gets its Pdeathsig (the
+// harness's workers die so), and a goroutine that exits locked to its
+// thread ends the thread.
+func TestReadGBpsKeepsItsThread(t *testing.T) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	cpu, err := FirstCPU()
+	if err != nil || !set.IsSet(cpu) {
+		t.Fatalf("first CPU %d (%v) of %v", cpu, err, set)
+	}
+	for range 4 {
+		if _, tid, err := readOn(cpu); err != nil {
+			t.Fatal(err)
+		} else if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", tid)); err != nil {
+			t.Fatalf("the probe's thread %d has ended: %v", tid, err)
+		}
+	}
+	var now unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &now); err != nil || now != set {
+		t.Fatalf("affinity after the probes: %v (%v), was %v", now, err, set)
 	}
 }
