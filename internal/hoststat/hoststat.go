@@ -10,6 +10,9 @@
 // and the llama.cpp forwards running meanwhile, and just after, take
 // several times their usual time (PERF.md, noise). A latency p99 measured over a few seconds is then the
 // host's, not shardd's.
+//
+// The other is the host's memory speed as one core sees it, which other
+// tenants move by up to 2x within minutes: ReadGBps probes it.
 package hoststat
 
 import (
