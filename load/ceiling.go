@@ -42,9 +42,11 @@ type CeilingRow struct {
 	// HostSpread is how far the host's memory read speed, probed before
 	// and after each of the round's three runs (Summary.HostReadGBps),
 	// moved: (fastest - slowest) / median, 0 without probes, as the
-	// medians' spread is. The probe alone repeats within about 10% on
-	// these hosts; a round well above that compared runs made at
-	// different host speeds, and its ceiling can read even above Hops.
+	// medians' spread is. On these hosts it moves by up to about 30%
+	// within seconds with nothing running (12 probes a second apart on an
+	// idle machine: 9.5-12.8 GB/s); a round well above that compared runs
+	// made at different host speeds, and its ceiling can read even above
+	// Hops.
 	HostSpread float64 `json:"host_spread,omitempty"`
 }
 
@@ -136,6 +138,6 @@ func (c *Ceiling) write(w io.Writer) {
 	}
 	tw.Flush()
 	if probed {
-		fmt.Fprintln(w, "host moved: how far one core's memory read speed, probed before and after each of the round's runs, moved (fastest - slowest over the median; the probe alone repeats within about 10%); a round well above that compared runs made at different host speeds")
+		fmt.Fprintln(w, "host moved: how far one core's memory read speed, probed before and after each of the round's runs, moved (fastest - slowest over the median; on an idle host it moves up to about 30% within seconds); a round well above that compared runs made at different host speeds")
 	}
 }

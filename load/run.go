@@ -277,8 +277,8 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 		}
 	}
 
-	var reads []float64
-	if err := probeHost(opts.ProbeCPUs, &reads); err != nil {
+	reads, err := probeHost(opts.ProbeCPUs, nil)
+	if err != nil {
 		return nil, err
 	}
 	spanFrom := time.Now()
@@ -305,7 +305,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
-	if err := probeHost(opts.ProbeCPUs, &reads); err != nil {
+	if reads, err = probeHost(opts.ProbeCPUs, reads); err != nil {
 		return nil, err
 	}
 	s := rec.summary(t, w, opts.Label)
@@ -824,14 +824,10 @@ func sampleCounters(metrics []string, rec *recorder) func() hopCounters {
 
 // probeHost appends the memory read speed of cpus to reads (nothing when
 // there are none to probe).
-func probeHost(cpus []int, reads *[]float64) error {
+func probeHost(cpus []int, reads []float64) ([]float64, error) {
 	if len(cpus) == 0 {
-		return nil
+		return reads, nil
 	}
 	gbps, err := hoststat.ReadGBps(cpus)
-	if err != nil {
-		return err
-	}
-	*reads = append(*reads, gbps)
-	return nil
+	return append(reads, gbps), err
 }
