@@ -104,3 +104,77 @@ func TestReadGBpsKeepsItsThread(t *testing.T) {
 		t.Fatalf("affinity after the probes: %v (%v), was %v", now, err, set)
 	}
 }
+
+// SampleCores samples every CPU it was given at every tick, at a plausible
+// speed, from threads that outlive it, and leaves the process's affinity
+// as it was; it refuses no CPUs and a CPU it may not be pinned to.
+func TestSampleCores(t *testing.T) {
+	var was unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &was); err != nil {
+		t.Fatal(err)
+	}
+	var cpus []int
+	for cpu := range len(was) * 64 {
+		if was.IsSet(cpu) && len(cpus) < 2 {
+			cpus = append(cpus, cpu)
+		}
+	}
+	s, err := SampleCores(cpus, 10*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	c, err := s.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("CPUs %v: %.1f GB/s, slowest %.1f over %d ticks", c.CPUs, c.GBps, c.Slowest, c.Ticks)
+	// Ticks at 0, 10, ... 200 ms: a loaded CI machine may miss a few.
+	if len(c.GBps) != len(cpus) || c.Ticks < 5 || c.Ticks > 22 {
+		t.Fatalf("%d CPUs sampled, %d ticks", len(c.GBps), c.Ticks)
+	}
+	// A core copies within its L1 at 1-1000 GB/s.
+	for i, g := range c.GBps {
+		if g < 1 || g > 1000 {
+			t.Fatalf("CPU %d: %.2f GB/s", cpus[i], g)
+		}
+		if c.Slowest > g*1.0001 {
+			t.Fatalf("slowest %.2f above CPU %d's mean %.2f", c.Slowest, cpus[i], g)
+		}
+	}
+	for _, tid := range s.tids {
+		if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", tid)); err != nil {
+			t.Fatalf("a sampling thread %d has ended: %v", tid, err)
+		}
+	}
+	var now unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &now); err != nil || now != was {
+		t.Fatalf("affinity after sampling: %v (%v), was %v", now, err, was)
+	}
+	if _, err := SampleCores(nil, time.Millisecond); err == nil {
+		t.Error("no CPUs: no error")
+	}
+	if _, err := SampleCores([]int{cpus[0], 1 << 20}, time.Millisecond); err == nil {
+		t.Error("a CPU that does not exist: no error")
+	}
+}
+
+// Stop's slowest is the mean over the ticks every CPU was sampled at of
+// the slowest sample at each.
+func TestCoresSlowest(t *testing.T) {
+	s := &CoreSampler{cpus: []int{0, 1}, stop: make(chan struct{}), errs: make([]error, 2),
+		ticks: [][]int{{0, 1, 1, 2, 3}, {0, 1, 3, 4}},
+		gbps:  [][]float64{{10, 20, 99, 30, 40}, {12, 8, 50, 7}}}
+	c, err := s.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ticks 0, 1, 3: min(10, 12), min(20, 8), min(40, 50); CPU 0's second
+	// sample at tick 1 and the ticks only one CPU has do not count.
+	if c.Ticks != 3 || c.Slowest != (10+8+40)/3.0 {
+		t.Fatalf("slowest %.3f over %d ticks", c.Slowest, c.Ticks)
+	}
+	if c.GBps[0] != (10+20+99+30+40)/5.0 || c.GBps[1] != (12+8+50+7)/4.0 {
+		t.Fatalf("means %v", c.GBps)
+	}
+}

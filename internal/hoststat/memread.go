@@ -46,19 +46,26 @@ func ReadGBps(cpus []int) (float64, error) {
 	return sum / float64(len(cpus)), nil
 }
 
-// readOn runs the passes on a thread pinned to cpu meanwhile. The thread
-// must outlive the probe: a child started with Pdeathsig (the harness's
-// workers) dies when the thread that forked it ends, and a goroutine that
-// exits locked to its thread ends the thread. So the probe's goroutine
-// restores the thread's affinity and unlocks it; where the affinity
-// cannot be restored, the goroutine parks for good, keeping the thread
-// locked and out of use rather than ending it or handing its pinning on.
-// It also returns the thread's id.
+// readOn runs the passes on a thread pinned to cpu meanwhile (onCPU) and
+// returns their speed and the thread's id.
 func readOn(cpu int) (float64, int, error) {
+	var gbps float64
+	tid, err := onCPU(cpu, func() { gbps = readPasses() })
+	return gbps, tid, err
+}
+
+// onCPU runs body on a thread pinned to cpu meanwhile, and returns the
+// thread's id; body does not run where the pinning fails. The thread must
+// outlive the call: a child started with Pdeathsig (the harness's
+// workers) dies when the thread that forked it ends, and a goroutine that
+// exits locked to its thread ends the thread. So the goroutine restores
+// the thread's affinity and unlocks it; where the affinity cannot be
+// restored, it parks for good, keeping the thread locked and out of use
+// rather than ending it or handing its pinning on.
+func onCPU(cpu int, body func()) (int, error) {
 	type result struct {
-		gbps float64
-		tid  int
-		err  error
+		tid int
+		err error
 	}
 	done := make(chan result, 1)
 	go func() {
@@ -76,16 +83,16 @@ func readOn(cpu int) (float64, int, error) {
 			done <- result{err: fmt.Errorf("hoststat: pin to CPU %d: %w", cpu, err)}
 			return
 		}
-		gbps := readPasses()
+		body()
 		if err := unix.SchedSetaffinity(0, &was); err != nil {
 			done <- result{err: fmt.Errorf("hoststat: restore affinity: %w", err)}
 			select {}
 		}
 		runtime.UnlockOSThread()
-		done <- result{gbps: gbps, tid: tid}
+		done <- result{tid: tid}
 	}()
 	r := <-done
-	return r.gbps, r.tid, r.err
+	return r.tid, r.err
 }
 
 // readPasses reads readBuf four times and returns the median speed of the
