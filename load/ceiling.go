@@ -48,6 +48,13 @@ type CeilingRow struct {
 	// made at different host speeds, and its ceiling can read even above
 	// Hops.
 	HostSpread float64 `json:"host_spread,omitempty"`
+	// CorePace is the pace the route's CPUs allowed over the pace the
+	// baseline's did, at c (Summary.HostCores' Slowest, sampled through
+	// each run): below 1, the route ran on slower cores than the whole
+	// model it is compared with, and its share reads low; CoreSpread is (fastest - slowest) / median of the three runs'
+	// paces. 0 where the runs were not sampled.
+	CorePace   float64 `json:"core_pace,omitempty"`
+	CoreSpread float64 `json:"core_spread,omitempty"`
 }
 
 // finish computes the rows from the runs: a round counts where the route
@@ -64,10 +71,14 @@ func (c *Ceiling) finish(runs []*Summary) {
 	}
 	tps := map[key]float64{}
 	reads := map[key][]float64{}
+	pace := map[key]float64{}
 	for _, s := range runs {
 		if s.Rate == 0 {
-			tps[key{s.Target, s.Concurrency, s.Round}] = s.OutputTokensPerS
-			reads[key{s.Target, s.Concurrency, s.Round}] = s.HostReadGBps
+			k := key{s.Target, s.Concurrency, s.Round}
+			tps[k], reads[k] = s.OutputTokensPerS, s.HostReadGBps
+			if s.HostCores != nil {
+				pace[k] = s.HostCores.Slowest
+			}
 		}
 	}
 	byLevel := map[int][]CeilingRow{}
@@ -87,6 +98,11 @@ func (c *Ceiling) finish(runs []*Summary) {
 		row.Share = row.Ratio / row.Ceiling
 		row.HostSpread = spread(slices.Concat(s.HostReadGBps, reads[key{c.Baseline, conc, s.Round}],
 			reads[key{c.Baseline, conc / c.Hops, s.Round}]))
+		paces := []float64{pace[key{s.Target, conc, s.Round}], pace[key{c.Baseline, conc, s.Round}],
+			pace[key{c.Baseline, conc / c.Hops, s.Round}]}
+		if !slices.Contains(paces, 0) {
+			row.CorePace, row.CoreSpread = paces[0]/paces[1], spread(paces)
+		}
 		if _, ok := byLevel[conc]; !ok {
 			levels = append(levels, conc)
 		}
@@ -106,7 +122,9 @@ func (c *Ceiling) finish(runs []*Summary) {
 			Ratio:      pick(func(r CeilingRow) float64 { return r.Ratio }),
 			Ceiling:    pick(func(r CeilingRow) float64 { return r.Ceiling }),
 			Share:      pick(func(r CeilingRow) float64 { return r.Share }),
-			HostSpread: pick(func(r CeilingRow) float64 { return r.HostSpread })})
+			HostSpread: pick(func(r CeilingRow) float64 { return r.HostSpread }),
+			CorePace:   pick(func(r CeilingRow) float64 { return r.CorePace }),
+			CoreSpread: pick(func(r CeilingRow) float64 { return r.CoreSpread })})
 	}
 }
 
@@ -119,10 +137,14 @@ func (c *Ceiling) write(w io.Writer) {
 		return
 	}
 	probed := slices.ContainsFunc(c.Rows, func(r CeilingRow) bool { return r.HostSpread > 0 })
+	sampled := slices.ContainsFunc(c.Rows, func(r CeilingRow) bool { return r.CorePace > 0 })
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "load\tround\tratio\tceiling\tshare\t")
 	if probed {
 		fmt.Fprint(tw, "host moved\t")
+	}
+	if sampled {
+		fmt.Fprint(tw, "core pace\tcores moved\t")
 	}
 	fmt.Fprintln(tw)
 	for _, r := range c.Rows {
@@ -134,10 +156,16 @@ func (c *Ceiling) write(w io.Writer) {
 		if probed {
 			fmt.Fprintf(tw, "%.0f%%\t", 100*r.HostSpread)
 		}
+		if sampled {
+			fmt.Fprintf(tw, "%.2f\t%.0f%%\t", r.CorePace, 100*r.CoreSpread)
+		}
 		fmt.Fprintln(tw)
 	}
 	tw.Flush()
 	if probed {
 		fmt.Fprintln(w, "host moved: how far one core's memory read speed, probed before and after each of the round's runs, moved (fastest - slowest over the median; on an idle host it moves up to about 30% within seconds); a round well above that compared runs made at different host speeds")
+	}
+	if sampled {
+		fmt.Fprintln(w, "core pace: the pace the route's CPUs allowed (the slower core's speed, sampled every 100 ms through the run) over the whole model's CPU's at c; below 1 the route ran on slower cores, and its share reads low. cores moved: how far the three runs' paces differ (fastest - slowest over the median)")
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshnet/shardd/internal/hoststat"
 )
 
 // The ceiling pairs each round's route run with the baseline's runs at c
@@ -16,11 +18,18 @@ func TestCeilingRounds(t *testing.T) {
 		return &Summary{Target: target, Concurrency: c, Round: round, OutputTokensPerS: tps}
 	}
 	probed := func(s *Summary, reads ...float64) *Summary { s.HostReadGBps = reads; return s }
+	sampled := func(s *Summary, slowest float64) *Summary {
+		s.HostCores = &hoststat.Cores{CPUs: []int{0}, GBps: []float64{slowest}, Slowest: slowest, Ticks: 10}
+		return s
+	}
 	runs := []*Summary{
 		run("route", 32, 1, 300), run("unsplit", 32, 1, 200), run("unsplit", 16, 1, 180), // 1.5 of 1.8
-		// 1.65 of 2.0, the host moving from 10 to 4 GB/s: (10 - 4) / 8
-		probed(run("route", 32, 2, 330), 10, 9), probed(run("unsplit", 32, 2, 200), 8, 8), probed(run("unsplit", 16, 2, 200), 6, 4),
-		run("route", 32, 3, 250), run("unsplit", 32, 3, 100), run("unsplit", 16, 3, 100), // 2.5 of 2.0
+		// 1.65 of 2.0, the host moving from 10 to 4 GB/s: (10 - 4) / 8; the
+		// route's cores at a pace of 60 against the baseline's 100 and 80
+		sampled(probed(run("route", 32, 2, 330), 10, 9), 60), sampled(probed(run("unsplit", 32, 2, 200), 8, 8), 100),
+		sampled(probed(run("unsplit", 16, 2, 200), 6, 4), 80),
+		// 2.5 of 2.0; a pace only where all three runs were sampled
+		sampled(run("route", 32, 3, 250), 50), sampled(run("unsplit", 32, 3, 100), 50), run("unsplit", 16, 3, 100),
 		run("route", 32, 4, 999), run("unsplit", 32, 4, 100), // no c/2 run: skipped
 		run("route+compact", 32, 1, 500),
 		{Target: "route", Rate: 4, Round: 1, OutputTokensPerS: 50},
@@ -29,8 +38,10 @@ func TestCeilingRounds(t *testing.T) {
 	r := &Report{Runs: runs, Ceiling: c}
 	r.Finish(Budget{}, "")
 	want := []CeilingRow{
-		{32, 1, 1.5, 1.8, 1.5 / 1.8, 0}, {32, 2, 1.65, 2, 0.825, 6.0 / 8}, {32, 3, 2.5, 2, 1.25, 0},
-		{32, 0, 1.65, 2, 1.5 / 1.8, 0}, // each column's own median
+		{Concurrency: 32, Round: 1, Ratio: 1.5, Ceiling: 1.8, Share: 1.5 / 1.8},
+		{Concurrency: 32, Round: 2, Ratio: 1.65, Ceiling: 2, Share: 0.825, HostSpread: 6.0 / 8, CorePace: 0.6, CoreSpread: 40.0 / 80},
+		{Concurrency: 32, Round: 3, Ratio: 2.5, Ceiling: 2, Share: 1.25},
+		{Concurrency: 32, Round: 0, Ratio: 1.65, Ceiling: 2, Share: 1.5 / 1.8}, // each column's own median
 	}
 	if len(c.Rows) != len(want) {
 		t.Fatalf("rows %+v, want %+v", c.Rows, want)
@@ -38,14 +49,16 @@ func TestCeilingRounds(t *testing.T) {
 	for i, w := range want {
 		g := c.Rows[i]
 		if g.Concurrency != w.Concurrency || g.Round != w.Round || math.Abs(g.Ratio-w.Ratio) > 1e-9 ||
-			math.Abs(g.Ceiling-w.Ceiling) > 1e-9 || math.Abs(g.Share-w.Share) > 1e-9 || math.Abs(g.HostSpread-w.HostSpread) > 1e-9 {
+			math.Abs(g.Ceiling-w.Ceiling) > 1e-9 || math.Abs(g.Share-w.Share) > 1e-9 || math.Abs(g.HostSpread-w.HostSpread) > 1e-9 ||
+			math.Abs(g.CorePace-w.CorePace) > 1e-9 || math.Abs(g.CoreSpread-w.CoreSpread) > 1e-9 {
 			t.Errorf("row %d: %+v, want %+v", i, g, w)
 		}
 	}
 	var b strings.Builder
 	r.WriteText(&b)
 	if !strings.Contains(b.String(), "pipeline ceiling") || !strings.Contains(b.String(), "median") ||
-		!strings.Contains(b.String(), "host moved") || !strings.Contains(b.String(), "75%") {
+		!strings.Contains(b.String(), "host moved") || !strings.Contains(b.String(), "75%") ||
+		!strings.Contains(b.String(), "core pace") || !strings.Contains(b.String(), "1.65x    2.00x    82%         75%       0.60          50%") {
 		t.Errorf("the text report has no ceiling:\n%s", b.String())
 	}
 	page := filepath.Join(t.TempDir(), "r.html")
@@ -56,7 +69,7 @@ func TestCeilingRounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []string{"<h2>Pipeline ceiling</h2>", "<td>c=32</td><td>2</td><td>1.65x</td><td>2.00x</td><td>82%</td><td>75%</td>", "<td>median</td><td>1.65x</td><td>2.00x</td><td>83%</td><td>0%</td>"} {
+	for _, w := range []string{"<h2>Pipeline ceiling</h2>", "<td>c=32</td><td>2</td><td>1.65x</td><td>2.00x</td><td>82%</td><td>75%</td><td>0.60</td><td>50%</td>", "<td>median</td><td>1.65x</td><td>2.00x</td><td>83%</td><td>0%</td>"} {
 		if !strings.Contains(string(html), w) {
 			t.Errorf("the HTML report lacks %q", w)
 		}

@@ -48,7 +48,11 @@
 //     to), one core's memory read speed there before and after the run
 //     (hoststat.ReadGBps): on a shared host it moves by up to 2x within
 //     minutes, and a forward's time with it, so two runs of a comparison
-//     made at different speeds show as such (the ceiling's host spread).
+//     made at different speeds show as such (the ceiling's host spread);
+//   - for a target whose workers are pinned (Target.CPUs), each CPU's
+//     speed sampled every 100 ms through the run (hoststat.SampleCores:
+//     an L1 copy), which a forward's time follows where the read speed
+//     stays flat, and the slowest CPU's pace (the ceiling's core pace).
 //
 // Links put a toxiproxy proxy (in the harness's process, on loopback) in
 // front of a hop's worker with added latency, jitter or a bandwidth cap. In shardd the head carries every activation, so a hop's

@@ -465,7 +465,23 @@ func (r *Report) writeHost(w io.Writer) {
 		}
 	}
 	if len(parts) > 0 {
-		fmt.Fprintf(w, "\nhost: memory read speed of one core on the workers' CPUs before / after each run, GB/s (a forward's time moves with it): %s\n", strings.Join(parts, ", "))
+		fmt.Fprintf(w, "\nhost: memory read speed of one core on the workers' CPUs before / after each run, GB/s: %s\n", strings.Join(parts, ", "))
+	}
+	parts = parts[:0]
+	for _, s := range r.Runs {
+		if c := s.HostCores; c != nil {
+			var cpus []string
+			for i, cpu := range c.CPUs {
+				cpus = append(cpus, fmt.Sprintf("cpu%d %.0f", cpu, c.GBps[i]))
+			}
+			parts = append(parts, fmt.Sprintf("%s %s", s.Label, strings.Join(cpus, " ")))
+			if len(c.CPUs) > 1 {
+				parts[len(parts)-1] += fmt.Sprintf(" (slowest %.0f)", c.Slowest)
+			}
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "\nhost: each run's cores, an L1 copy in GB/s sampled every 100 ms on each pinned CPU (a forward's time moves with it; slowest: the slower CPU at each sample, the pace of a pipeline across them): %s\n", strings.Join(parts, ", "))
 	}
 }
 

@@ -56,6 +56,9 @@ type Target struct {
 	// (shardd api, llama-server, vLLM) the run drives instead of a route
 	// (openAIClient); Addrs are then empty, and APIKey its bearer key.
 	OpenAI, APIKey string
+	// CPUs are the CPUs its workers are pinned to (nil: not pinned); a run
+	// samples their speed (Summary.HostCores).
+	CPUs []int
 }
 
 // generator is what a run drives: a route, or an OpenAI-compatible
@@ -291,7 +294,15 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	stopProgress := progress(opts, rec, w)
 	counters := sampleCounters(t.Metrics, rec)
 	revive := killLater(ctx, t, rec)
+	cores, err := sampleCores(t.CPUs)
+	if err != nil {
+		return nil, err
+	}
 	drive(ctx, rt, w, opts, rec, 0)
+	hostCores, err := cores()
+	if err != nil {
+		return nil, err
+	}
 	if err := revive(); err != nil {
 		return nil, err
 	}
@@ -313,7 +324,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 		s.HarnessCPUPerTokenMicros = float64(cpu.Microseconds()) / float64(s.OutputTokens)
 	}
 	s.HostKdamondMillis = float64(kdCPU.Microseconds()) / 1000
-	s.HostReadGBps = reads
+	s.HostReadGBps, s.HostCores = reads, hostCores
 	s.PrefixHitRate, s.PrefixHitSeries, s.PrefixMisfits = hops.hitRate, hops.hitSeries, hops.delta[misfitsMetric]
 	s.StreamPlaceholders, s.StreamCopies = hops.delta[placeholdersMetric], hops.delta[copiesMetric]
 	s.HopBusy, s.HopRowsPerForward, s.HopCost = hops.busy, hops.rows, hops.cost
@@ -820,6 +831,26 @@ func sampleCounters(metrics []string, rec *recorder) func() hopCounters {
 		}
 		return h
 	}
+}
+
+// coreEvery is how often a run samples its target's CPUs' speed: the
+// host's slow and fast spells last seconds (PERF.md, noise).
+const coreEvery = 100 * time.Millisecond
+
+// sampleCores starts sampling cpus' speed and returns what stops it and
+// says what it saw (nil where there are no CPUs to sample).
+func sampleCores(cpus []int) (func() (*hoststat.Cores, error), error) {
+	if len(cpus) == 0 {
+		return func() (*hoststat.Cores, error) { return nil, nil }, nil
+	}
+	s, err := hoststat.SampleCores(cpus, coreEvery)
+	if err != nil {
+		return nil, err
+	}
+	return func() (*hoststat.Cores, error) {
+		c, err := s.Stop()
+		return &c, err
+	}, nil
 }
 
 // probeHost appends the memory read speed of cpus to reads (nothing when

@@ -2,6 +2,7 @@ package load
 
 import (
 	"fmt"
+	"github.com/meshnet/shardd/internal/hoststat"
 	"strings"
 	"time"
 
@@ -174,8 +175,15 @@ type Summary struct {
 	// HostReadGBps is how fast one thread on each of RunOptions.ProbeCPUs
 	// read memory just before and just after the measured phase
 	// (hoststat.ReadGBps; absent where none were given). These hosts' read
-	// speed moves by up to 2x within minutes, and a forward's time with it.
+	// speed has moved by up to 2x within minutes (AMD), and a forward's
+	// time with it; on the Intel host it stays flat while a forward's time
+	// moves with the core's speed (HostCores).
 	HostReadGBps []float64 `json:"host_read_gbps,omitempty"`
+	// HostCores is how fast the target's pinned CPUs ran during the
+	// measured phase, sampled every 100 ms (hoststat.SampleCores; absent
+	// where the target is not pinned). Its Slowest is the pace the CPUs
+	// together allowed a pipeline across them.
+	HostCores *hoststat.Cores `json:"host_cores,omitempty"`
 	// ITLSeries is [seconds since the measured phase began, ITL ms]
 	// points (a sample of at most 20,000).
 	ITLSeries [][2]float64 `json:"itl_series"`

@@ -107,6 +107,11 @@ func (s *Spawned) startRoute(ctx context.Context, sp Spawn) error {
 		if len(sp.CPUs) > 0 {
 			w.CPUs = sp.CPUs[i]
 			info.CPUs = append(info.CPUs, IntsString(w.CPUs))
+			for _, cpu := range w.CPUs {
+				if !slices.Contains(t.CPUs, cpu) {
+					t.CPUs = append(t.CPUs, cpu)
+				}
+			}
 		}
 		if sp.Stages {
 			w.SpanFile = filepath.Join(sp.Dir, w.Name+".spans.jsonl")
@@ -174,7 +179,7 @@ func (s *Spawned) startBaseline(ctx context.Context, sp Spawn, b Baseline) error
 	if len(b.CPUs) > 0 {
 		info.CPUs = []string{IntsString(b.CPUs)}
 	}
-	t := Target{Name: name, SpanFlush: time.Second}
+	t := Target{Name: name, SpanFlush: time.Second, CPUs: b.CPUs}
 	if sp.Stages {
 		w.SpanFile = filepath.Join(sp.Dir, name+".spans.jsonl")
 		t.SpanFiles, t.Instances = []string{w.SpanFile}, []string{w.Name}

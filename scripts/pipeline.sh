@@ -8,7 +8,8 @@
 #   SmolLM2-135M Q4_1               --ranges 0:17,17:30  20 s rounds
 # Writes OUT_DIR/MODEL.txt and OUT_DIR/MODEL.json (the harness's reports)
 # and prints each model's ratio, ceiling and share, how far the host's
-# memory read speed moved in each round, and the probes. Needs 2 CPUs.
+# memory read speed moved in each round, the pace the route's cores
+# allowed against the whole model's, and the probes. Needs 2 CPUs.
 set -euo pipefail
 bin=$1 out=$2 rounds=$3
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,7 +23,7 @@ run() { # NAME MODEL RANGES DURATION
     --rounds "$rounds" --warmup 64 --compact-logits on --quiet --json "$out/$1.json" >"$out/$1.txt" 2>&1
   echo "== $1 ($3): route / whole, its ceiling, the share"
   sed -n '/^pipeline ceiling/,/median/p' "$out/$1.txt"
-  grep '^host: memory' "$out/$1.txt" || true
+  grep '^host: memory\|^host: each run' "$out/$1.txt" || true
 }
 run bench-preset "$preset" 0:7,7:12 12s
 run smollm2 "$smol" 0:17,17:30 20s

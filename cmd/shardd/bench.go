@@ -38,7 +38,8 @@ the kind of forward that ended it) from worker spans, errors by ErrorCode, and t
 CPU time per token. For the workers it starts, also each one's share of the run in forward
 calls, rows per forward and cost model (from their metrics), and, where they are pinned
 (--worker-cpus, --unsplit-cpus), one core's memory read speed on their CPUs before and after
-each run: on a shared host it moves, and a forward's time with it.
+each run, and each of a target's CPUs' speed sampled every 100 ms through its run (an L1 copy):
+on a shared host they move, and a forward's time with them.
 
 Target: an existing route (--route A,B,...), or a route it starts from a model (--model FILE with
 --shards N [--by cost [--kv-cells N]] or --ranges 0:8,8:12, cut as 'shardd split' cuts): one
@@ -47,7 +48,8 @@ afterwards (also on Ctrl-C). --unsplit adds the whole model in one worker as a b
 interleaved rounds (--rounds) with the same requests; --ceiling also runs it at c/N sessions for
 an N-hop route and reports route / whole against N x whole(c/N) / whole(c), the most N decode
 groups can give (balanced hops, no idle, free crossings), read in the same round, with how far
-the host's read speed moved across the round's runs.
+the host's read speed moved across the round's runs and the pace the route's cores allowed
+against the whole model's.
 
 Budget (--budget FILE, .yaml or .toml; nested keys flatten with dots): limits on
   ttft|itl|tpot|e2e.STAT           e.g. itl.p99: 25ms

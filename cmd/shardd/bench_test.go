@@ -125,8 +125,8 @@ func TestBenchCommand(t *testing.T) {
 // also runs the baseline at 2 sessions / 2 hops, and the report bounds
 // route / whole by 2 x whole(2) / whole(4), round by round and in medians.
 // The workers are pinned (to one CPU this process may use), so every run
-// probes the host's read speed before and after, and each round says how
-// far it moved.
+// probes the host's read speed before and after and samples its CPU's
+// speed throughout, and each round says how far they moved.
 func checkCeiling(t *testing.T, bin, model, dir string) {
 	t.Helper()
 	cpu, err := hoststat.FirstCPU()
@@ -149,11 +149,19 @@ func checkCeiling(t *testing.T, bin, model, dir string) {
 		t.Fatal(err)
 	}
 	tps := map[string]float64{}
+	pace := map[string]float64{}
 	reads := map[int][]float64{}
 	for _, s := range rep.Runs {
 		tps[fmt.Sprintf("%s c=%d r%d", s.Target, s.Concurrency, s.Round)] = s.OutputTokensPerS
 		if len(s.HostReadGBps) != 2 || slices.Min(s.HostReadGBps) <= 0 {
 			t.Errorf("%s: host read speed %v, want before and after", s.Label, s.HostReadGBps)
+		}
+		// A second's run sampled every 100 ms: about 10 ticks, fewer on a
+		// loaded machine.
+		if c := s.HostCores; c == nil || !slices.Equal(c.CPUs, []int{cpu}) || c.Ticks < 3 || c.Slowest <= 0 || c.GBps[0] < c.Slowest*(1-1e-9) {
+			t.Errorf("%s: cores %+v, want CPU %d sampled", s.Label, c, cpu)
+		} else {
+			pace[fmt.Sprintf("%s c=%d r%d", s.Target, s.Concurrency, s.Round)] = c.Slowest
 		}
 		reads[s.Round] = append(reads[s.Round], s.HostReadGBps...)
 	}
@@ -171,6 +179,10 @@ func checkCeiling(t *testing.T, bin, model, dir string) {
 		v := reads[r.Round]
 		if want := (slices.Max(v) - slices.Min(v)) / median(v); len(v) != 6 || math.Abs(r.HostSpread-want) > 1e-9 {
 			t.Errorf("round %d: host spread %v from %v, want %v", r.Round, r.HostSpread, v, want)
+		}
+		p := pace[fmt.Sprintf("route c=4 r%d", r.Round)] / pace[fmt.Sprintf("unsplit c=4 r%d", r.Round)]
+		if math.IsNaN(p) || math.Abs(r.CorePace-p) > 1e-9 || r.CoreSpread < 0 {
+			t.Errorf("round %d: core pace %v (spread %v), want %v from %v", r.Round, r.CorePace, r.CoreSpread, p, pace)
 		}
 	}
 	if m := cl.Rows[2]; m.Round != 0 || m.Concurrency != 4 || m.Ceiling <= 0 {
