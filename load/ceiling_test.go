@@ -22,11 +22,16 @@ func TestCeilingRounds(t *testing.T) {
 		s.HostCores = &hoststat.Cores{CPUs: []int{0}, GBps: []float64{slowest}, Slowest: slowest, Ticks: 10}
 		return s
 	}
+	routeCores := func(s *Summary) *Summary {
+		s.HostCores = &hoststat.Cores{CPUs: []int{0, 1}, GBps: []float64{70, 50}, Slowest: 45, Ticks: 10}
+		return s
+	}
 	runs := []*Summary{
 		run("route", 32, 1, 300), run("unsplit", 32, 1, 200), run("unsplit", 16, 1, 180), // 1.5 of 1.8
 		// 1.65 of 2.0, the host moving from 10 to 4 GB/s: (10 - 4) / 8; the
-		// route's cores at a pace of 60 against the baseline's 100 and 80
-		sampled(probed(run("route", 32, 2, 330), 10, 9), 60), sampled(probed(run("unsplit", 32, 2, 200), 8, 8), 100),
+		// route's two cores at 70 and 50 (the slower at each tick 45: not
+		// the figure) against the baseline's 100 and 80
+		routeCores(probed(run("route", 32, 2, 330), 10, 9)), sampled(probed(run("unsplit", 32, 2, 200), 8, 8), 100),
 		sampled(probed(run("unsplit", 16, 2, 200), 6, 4), 80),
 		// 2.5 of 2.0; a pace only where all three runs were sampled
 		sampled(run("route", 32, 3, 250), 50), sampled(run("unsplit", 32, 3, 100), 50), run("unsplit", 16, 3, 100),

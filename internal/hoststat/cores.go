@@ -31,7 +31,8 @@ const coreCopies = 256
 // speed sampled beside it correlates -0.73 with the forward's time, over
 // 2 s windows -0.85). A route of one CPU a hop runs at the pace of its
 // slower core at each moment, a model on one CPU at that CPU's: Slowest
-// says what pace the CPUs together allowed.
+// says what pace the CPUs together allowed (the slower of two noisy
+// samples: on an idle host 3-10% under either CPU's mean).
 type Cores struct {
 	CPUs []int `json:"cpus"`
 	// GBps is each CPU's mean copy speed over its samples, in CPUs' order.
