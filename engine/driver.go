@@ -9,6 +9,7 @@ import (
 	"github.com/meshnet/shardd/backend"
 	"github.com/meshnet/shardd/engine/sched"
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
+	"github.com/meshnet/shardd/internal/hoststat"
 	"github.com/meshnet/shardd/internal/wireerr"
 )
 
@@ -35,7 +36,15 @@ type driver struct {
 	// clock is the time the driver gives the scheduler (time.Now; a
 	// script's clock in tests).
 	clock func() time.Time
+	// coreA, coreB are the core probe's buffers; coreAt when it last ran.
+	coreA, coreB []byte
+	coreAt       time.Time
 }
+
+// coreEvery is how often the driver probes its core's speed before a
+// forward: the host's slow and fast spells last seconds (PERF.md, noise),
+// and a probe costs about 20-40 µs.
+const coreEvery = 100 * time.Millisecond
 
 // init allocates the forward batch.
 func (d *driver) init(e *Engine) error {
@@ -43,6 +52,7 @@ func (d *driver) init(e *Engine) error {
 	if d.clock == nil {
 		d.clock = time.Now
 	}
+	d.coreA, d.coreB = hoststat.CoreBuffers()
 	b, err := d.be.NewBatch()
 	d.batch = b
 	return err
@@ -186,6 +196,14 @@ func (d *driver) forward(fp sched.Forward) (time.Duration, error) {
 		}
 	}
 	var err error
+	if now := time.Now(); now.Sub(d.coreAt) >= coreEvery {
+		// On the goroutine, so on the thread, that is about to run the
+		// forward (one thread a forward; with more, the calling one's).
+		if g := hoststat.CopySpeed(d.coreA, d.coreB); g > 0 {
+			d.stats.CoreGBps = g
+		}
+		d.coreAt = now
+	}
 	// The state is not touched while the backend runs: open may read it.
 	d.e.schedMu.Unlock()
 	start := time.Now()

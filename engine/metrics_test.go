@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +71,12 @@ func TestMetricsEndpoint(t *testing.T) {
 		if !strings.Contains(text, series) {
 			t.Errorf("metrics lack %s", series)
 		}
+	}
+	// A forward ran, so its core was probed just before it.
+	if _, v, ok := strings.Cut(text, "\nshardd_host_core_speed "); !ok {
+		t.Error("metrics lack shardd_host_core_speed")
+	} else if g, err := strconv.ParseFloat(strings.Fields(v)[0], 64); err != nil || g <= 0 {
+		t.Errorf("core speed %q (%v) after a forward", strings.Fields(v)[0], err)
 	}
 	if t.Failed() {
 		t.Logf("scraped:\n%s", text)

@@ -38,6 +38,7 @@ type timings struct {
 	submitted              time.Time
 	started                time.Time // first forward
 	completed              time.Time
+	coreGBps               float64 // the forward thread's core speed (sched.Stats.CoreGBps)
 }
 
 // observer holds the engine's tracer and instruments. With neither tracing
@@ -139,6 +140,7 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	}
 	o.occupancy, _ = m.Int64Histogram("shardd.batch.rows", metric.WithDescription("rows in each forward call"),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512))
+	gauge("shardd.host.core_speed", "GB/s of an L1 copy on the forward thread's core, probed at most every 100 ms before a forward: on a shared host a forward's time follows it, so a slow hop on a slow core is the host's", func() float64 { return e.Stats().CoreGBps })
 	gauge("shardd.forward.busy", "seconds spent in forward calls since start (its rate is the backend's utilization)", func() float64 { return e.Stats().Busy.Seconds() })
 	counter("shardd.preemptions", "prefill iterations stopped for a decode step", func() int64 { return e.Stats().Preemptions })
 	counter("shardd.telemetry.dropped", "finished steps whose spans and stage durations were dropped: the recorder's queue was full", o.dropped.Load)
@@ -333,7 +335,9 @@ func (o *observer) record(rec *stepRecord) {
 		}
 		_, sp := o.tracer.Start(sctx, s.name, trace.WithTimestamp(s.start))
 		switch s.name {
-		case stageForward, stageFrameOut:
+		case stageForward:
+			sp.SetAttributes(attribute.Int("shardd.bytes_out", rec.bytesOut), attribute.Float64("shardd.host.core_gbps", tm.coreGBps))
+		case stageFrameOut:
 			sp.SetAttributes(attribute.Int("shardd.bytes_out", rec.bytesOut))
 		case stageDecode:
 			sp.SetAttributes(attribute.Int("shardd.bytes_in", rec.bytesIn))

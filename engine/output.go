@@ -101,7 +101,7 @@ func (e *Engine) complete(it *sched.Item, now time.Time, pastLen uint64) sched.O
 		tm: w.tm, bytesIn: w.bytesIn,
 	})
 	if e.obs.on {
-		r.tm.completed = now
+		r.tm.completed, r.tm.coreGBps = now, e.drv.stats.CoreGBps
 	}
 	switch {
 	case e.info.LogitsOut && w.topK > 0:

@@ -141,6 +141,21 @@ func TestGenerationSpanTree(t *testing.T) {
 				t.Fatalf("step on %s lacks stage %s (has %v)", hop, stage, children)
 			}
 		}
+		// The forward says how fast its core ran (probed before it).
+		for _, c := range spans {
+			if c.Parent().SpanID() != s.SpanContext().SpanID() || c.Name() != "forward" {
+				continue
+			}
+			core := -1.0
+			for _, kv := range c.Attributes() {
+				if kv.Key == "shardd.host.core_gbps" {
+					core = kv.Value.AsFloat64()
+				}
+			}
+			if core <= 0 {
+				t.Fatalf("forward on %s: core speed %v", hop, core)
+			}
+		}
 	}
 	// One prefill chunk and n-1 decode steps on each hop.
 	if want := 1 + n - 1; steps["hop-a"] != want || steps["hop-b"] != want {

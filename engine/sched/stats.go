@@ -28,10 +28,15 @@ type Stats struct {
 	Holds, HoldsExpired                                         int64         // decode iterations that waited for their group; of them, expired
 	Held                                                        time.Duration // time held
 	Busy                                                        time.Duration // time in forward calls
+	// CoreGBps is the forward thread's core speed, probed at most every
+	// coreEvery just before a forward (hoststat.CopySpeed): on a shared
+	// host a forward's time follows it, so a slow hop with a slow core
+	// is the host's.
+	CoreGBps float64
 }
 
 // Stats writes the scheduler's figures into st (all but the driver's
-// Occupancy and Busy).
+// Occupancy, Busy and CoreGBps).
 func (s *Scheduler) Stats(st *Stats) {
 	st.Sessions = s.store.Len()
 	st.Pressure = s.store.Pressure()

@@ -100,7 +100,7 @@ func SampleCores(cpus []int, every time.Duration) (*CoreSampler, error) {
 
 // sample probes CPU i (its thread pinned there) at each tick till Stop.
 func (s *CoreSampler) sample(i int) {
-	a, b := make([]byte, coreBytes), make([]byte, coreBytes)
+	a, b := CoreBuffers()
 	tick := time.NewTicker(s.every)
 	defer tick.Stop()
 	for {
@@ -149,6 +149,15 @@ func (s *CoreSampler) Stop() (Cores, error) {
 	}
 	return c, errors.Join(s.errs...)
 }
+
+// CopySpeed is the core probe on the calling thread, wherever it runs:
+// a and b (of coreBytes each, CoreBuffers) copied within the L1 cache, in
+// GB/s of the thread's own CPU time; 0 where the clock fails. A worker's
+// forward loop calls it between forwards, on the thread that runs them.
+func CopySpeed(a, b []byte) float64 { return copySpeed(a, b) }
+
+// CoreBuffers are the two buffers CopySpeed copies between.
+func CoreBuffers() (a, b []byte) { return make([]byte, coreBytes), make([]byte, coreBytes) }
 
 // copySpeed copies a to b coreCopies times, after one copy that warms
 // them, in GB/s of this thread's CPU time (0 where the clock fails).
