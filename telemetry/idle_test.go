@@ -79,3 +79,30 @@ func TestForwardIdle(t *testing.T) {
 		t.Errorf("trace report lacks\n%s in\n%s", line, out.String())
 	}
 }
+
+// The report gives each hop's core speed from its forward spans, where
+// they carry it: a slow hop on a slow core is the host's.
+func TestReportCoreSpeed(t *testing.T) {
+	var spans []SpanRecord
+	n := 0
+	for i, core := range []string{"100", "40", "90", "95", "", "junk"} {
+		for _, s := range forwardSpans("hop1", &n, float64(10*i), float64(10*i+5), 1, 0) {
+			if s.Name == "forward" && core != "" {
+				s.Attrs = map[string]string{"shardd.host.core_gbps": core}
+			}
+			spans = append(spans, s)
+		}
+	}
+	spans = append(spans, forwardSpans("hop0", &n, 0, 5, 1, 0)...)
+	var out strings.Builder
+	Report(&out, spans)
+	// hop1's four readings sorted: 40 90 95 100; p50 the third, p10 the first.
+	if !strings.Contains(out.String(), "; its core 95 GB/s p50, 40 p10\n") {
+		t.Errorf("no core speed for hop1 in\n%s", out.String())
+	}
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.Contains(l, "hop0") && strings.Contains(l, "its core") {
+			t.Errorf("hop0 has no core readings, but: %s", l)
+		}
+	}
+}

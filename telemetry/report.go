@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -119,6 +120,7 @@ func Report(w io.Writer, spans []SpanRecord) {
 	slices.SortFunc(hops, func(a, b string) int {
 		return int(byHop[b]["shardd.step"].pct(0.99) - byHop[a]["shardd.step"].pct(0.99))
 	})
+	cores := coreSpeeds(spans)
 	fmt.Fprintf(w, "\nslowest hops (by step p99):\n")
 	for i, h := range hops {
 		worst, worstD := "", time.Duration(-1)
@@ -127,13 +129,35 @@ func Report(w io.Writer, spans []SpanRecord) {
 				worst, worstD = st, d
 			}
 		}
-		fmt.Fprintf(w, "  %d. %-24s step p99 %-12s most time in %s (p50 %s)\n", i+1, h,
+		fmt.Fprintf(w, "  %d. %-24s step p99 %-12s most time in %s (p50 %s)", i+1, h,
 			byHop[h]["shardd.step"].pct(0.99).Round(time.Microsecond), worst, worstD.Round(time.Microsecond))
+		if c := cores[h]; len(c) > 0 {
+			slices.Sort(c)
+			fmt.Fprintf(w, "; its core %.0f GB/s p50, %.0f p10", c[len(c)/2], c[len(c)/10])
+		}
+		fmt.Fprintln(w)
 	}
 	if len(hops) == 0 {
 		fmt.Fprintln(w, "  (no shardd step spans: were the workers run with --traces?)")
 	}
 	reportIdle(w, ForwardIdle(spans, time.Time{}, time.Time{}))
+}
+
+// coreSpeeds gathers per instance the core speed its forward spans carry
+// (shardd.host.core_gbps: the forward thread's core, probed before the
+// forward). On a shared host a forward's time follows it, so a hop whose
+// core ran slow is slow for the host's reasons.
+func coreSpeeds(spans []SpanRecord) map[string][]float64 {
+	out := map[string][]float64{}
+	for _, s := range spans {
+		if s.Name != "forward" {
+			continue
+		}
+		if g, err := strconv.ParseFloat(s.Attrs["shardd.host.core_gbps"], 64); err == nil && g > 0 {
+			out[s.Instance] = append(out[s.Instance], g)
+		}
+	}
+	return out
 }
 
 // reportIdle prints each hop's busy share and the idle before its

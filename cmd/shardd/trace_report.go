@@ -13,7 +13,7 @@ func init() {
 
 func runTraceReport(args []string) error {
 	fs := newFlags("trace-report", "FILE.jsonl [FILE...]",
-		"Reads spans written with --traces file:PATH (by workers and the head) and prints p50/p99 per hop\nand stage, then the hops ranked by step p99 with the stage where each spends most time.")
+		"Reads spans written with --traces file:PATH (by workers and the head) and prints p50/p99 per hop\nand stage, then the hops ranked by step p99 with the stage where each spends most time and how\nfast its core ran (from its forward spans: a slow hop on a slow core is the host's).")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
