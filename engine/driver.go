@@ -43,7 +43,7 @@ type driver struct {
 
 // coreEvery is how often the driver probes its core's speed before a
 // forward: the host's slow and fast spells last seconds (PERF.md, noise),
-// and a probe costs about 20-40 µs.
+// and a probe costs 15-35 µs.
 const coreEvery = 100 * time.Millisecond
 
 // init allocates the forward batch.
