@@ -196,16 +196,9 @@ func (d *driver) forward(fp sched.Forward) (time.Duration, error) {
 		}
 	}
 	var err error
-	if now := time.Now(); now.Sub(d.coreAt) >= coreEvery {
-		// On the goroutine, so on the thread, that is about to run the
-		// forward (one thread a forward; with more, the calling one's).
-		if g := hoststat.CopySpeed(d.coreA, d.coreB); g > 0 {
-			d.stats.CoreGBps = g
-		}
-		d.coreAt = now
-	}
 	// The state is not touched while the backend runs: open may read it.
 	d.e.schedMu.Unlock()
+	core := d.probeCore()
 	start := time.Now()
 	if pb, ok := d.be.(backend.Preemptible); ok && fp.Preemptible {
 		err = pb.ForwardPreemptible(d.batch, &d.out)
@@ -215,7 +208,23 @@ func (d *driver) forward(fp sched.Forward) (time.Duration, error) {
 	took := time.Since(start)
 	d.e.schedMu.Lock()
 	d.stats.Busy += took
+	if core > 0 {
+		d.stats.CoreGBps = core
+	}
 	return took, err
+}
+
+// probeCore probes the core's speed when the last probe is coreEvery old
+// (0 otherwise, or where the probe fails). It runs on the goroutine, so on
+// the thread, that is about to run the forward: with one thread a
+// forward, the forward's core; with more, the calling thread's.
+func (d *driver) probeCore() float64 {
+	now := time.Now()
+	if now.Sub(d.coreAt) < coreEvery {
+		return 0
+	}
+	d.coreAt = now
+	return hoststat.CopySpeed(d.coreA, d.coreB)
 }
 
 // fill adds planned rows [p.From, p.From+p.N) of p.Item to the batch.

@@ -25,11 +25,11 @@ const coreCopies = 256
 // CPU time (so sharing the CPU with a forward does not count as slowness).
 //
 // On the Intel host this project is measured on, a core's speed flips
-// between two states some seconds apart, by up to 2x, independently on
-// each vCPU, while its memory read speed (ReadGBps) stays flat; a
-// forward's time follows the flips (PERF.md, noise: per forward the copy
-// speed sampled beside it correlates -0.73 with the forward's time, over
-// 2 s windows -0.85). A route of one CPU a hop runs at the pace of its
+// between two states in spells of seconds, independently on each vCPU (a
+// forward's time by about 1.6x, this copy's by up to 2x), while its memory
+// read speed (ReadGBps) stays flat; a forward's time follows the copy's
+// (PERF.md, noise: sampled every 100 ms beside a forward on its CPU, its
+// 1 s means correlate -0.89 with the forward's). A route of one CPU a hop runs at the pace of its
 // slower core at each moment, a model on one CPU at that CPU's: Slowest
 // says what pace the CPUs together allowed (the slower of two noisy
 // samples: on an idle host 3-10% under either CPU's mean).
