@@ -214,17 +214,21 @@ func (d *driver) forward(fp sched.Forward) (time.Duration, error) {
 	return took, err
 }
 
-// probeCore probes the core's speed when the last probe is coreEvery old
-// (0 otherwise, or where the probe fails). It runs on the goroutine, so on
-// the thread, that is about to run the forward: with one thread a
-// forward, the forward's core; with more, the calling thread's.
+// probeCore probes the core's speed when the last good probe is coreEvery
+// old (0 otherwise, or where the probe fails: the next forward tries
+// again). It runs on the goroutine, so on the thread, that is about to
+// run the forward: with one thread a forward, the forward's core; with
+// more, the calling thread's.
 func (d *driver) probeCore() float64 {
 	now := time.Now()
 	if now.Sub(d.coreAt) < coreEvery {
 		return 0
 	}
-	d.coreAt = now
-	return hoststat.CopySpeed(d.coreA, d.coreB)
+	g := hoststat.CopySpeed(d.coreA, d.coreB)
+	if g > 0 {
+		d.coreAt = now
+	}
+	return g
 }
 
 // fill adds planned rows [p.From, p.From+p.N) of p.Item to the batch.

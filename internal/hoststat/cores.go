@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -154,7 +155,12 @@ func (s *CoreSampler) Stop() (Cores, error) {
 // a and b (of coreBytes each, CoreBuffers) copied within the L1 cache, in
 // GB/s of the thread's own CPU time; 0 where the clock fails. A worker's
 // forward loop calls it between forwards, on the thread that runs them.
-func CopySpeed(a, b []byte) float64 { return copySpeed(a, b) }
+// The goroutine stays on its thread meanwhile: the clock is the thread's.
+func CopySpeed(a, b []byte) float64 {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return copySpeed(a, b)
+}
 
 // CoreBuffers are the two buffers CopySpeed copies between.
 func CoreBuffers() (a, b []byte) { return make([]byte, coreBytes), make([]byte, coreBytes) }
