@@ -284,6 +284,13 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	if err != nil {
 		return nil, err
 	}
+	// Started before anything else of the measured phase, so that a CPU
+	// it cannot pin leaves nothing running; stopped after the kill's
+	// revival, which must happen whatever the sampler says.
+	cores, err := sampleCores(t.CPUs)
+	if err != nil {
+		return nil, err
+	}
 	spanFrom := time.Now()
 	cpu0 := processCPU()
 	kd := hoststat.Kdamond()
@@ -294,16 +301,10 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	stopProgress := progress(opts, rec, w)
 	counters := sampleCounters(t.Metrics, rec)
 	revive := killLater(ctx, t, rec)
-	cores, err := sampleCores(t.CPUs)
-	if err != nil {
-		return nil, err
-	}
 	drive(ctx, rt, w, opts, rec, 0)
+	reviveErr := revive()
 	hostCores, err := cores()
-	if err != nil {
-		return nil, err
-	}
-	if err := revive(); err != nil {
+	if err := errors.Join(reviveErr, err); err != nil {
 		return nil, err
 	}
 	stopProgress()
