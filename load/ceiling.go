@@ -58,6 +58,10 @@ type CeilingRow struct {
 	// the runs were not sampled.
 	CorePace   float64 `json:"core_pace,omitempty"`
 	CoreSpread float64 `json:"core_spread,omitempty"`
+	// SlowPace is the pace the route's cores allowed a pipeline across
+	// them (their Slowest: the slower CPU's mean in each second) over the
+	// baseline's at c (its one CPU's, by the same seconds).
+	SlowPace float64 `json:"slow_pace,omitempty"`
 }
 
 // finish computes the rows from the runs: a round counts where the route
@@ -75,12 +79,13 @@ func (c *Ceiling) finish(runs []*Summary) {
 	tps := map[key]float64{}
 	reads := map[key][]float64{}
 	pace := map[key]float64{}
+	slow := map[key]float64{}
 	for _, s := range runs {
 		if s.Rate == 0 {
 			k := key{s.Target, s.Concurrency, s.Round}
 			tps[k], reads[k] = s.OutputTokensPerS, s.HostReadGBps
 			if c := s.HostCores; c != nil && len(c.GBps) > 0 {
-				pace[k] = meanOf(c.GBps)
+				pace[k], slow[k] = meanOf(c.GBps), c.Slowest
 			}
 		}
 	}
@@ -106,6 +111,9 @@ func (c *Ceiling) finish(runs []*Summary) {
 		if !slices.Contains(paces, 0) {
 			row.CorePace, row.CoreSpread = paces[0]/paces[1], spread(paces)
 		}
+		if r, b := slow[key{s.Target, conc, s.Round}], slow[key{c.Baseline, conc, s.Round}]; r > 0 && b > 0 {
+			row.SlowPace = r / b
+		}
 		if _, ok := byLevel[conc]; !ok {
 			levels = append(levels, conc)
 		}
@@ -114,10 +122,12 @@ func (c *Ceiling) finish(runs []*Summary) {
 	}
 	for _, conc := range levels {
 		g := byLevel[conc]
-		pick := func(f func(CeilingRow) float64) float64 {
-			v := make([]float64, len(g))
-			for i, r := range g {
-				v[i] = f(r)
+		pick := func(f func(CeilingRow) float64) float64 { // over the rounds that have it
+			var v []float64
+			for _, r := range g {
+				if x := f(r); x != 0 {
+					v = append(v, x)
+				}
 			}
 			return median(v)
 		}
@@ -127,7 +137,8 @@ func (c *Ceiling) finish(runs []*Summary) {
 			Share:      pick(func(r CeilingRow) float64 { return r.Share }),
 			HostSpread: pick(func(r CeilingRow) float64 { return r.HostSpread }),
 			CorePace:   pick(func(r CeilingRow) float64 { return r.CorePace }),
-			CoreSpread: pick(func(r CeilingRow) float64 { return r.CoreSpread })})
+			CoreSpread: pick(func(r CeilingRow) float64 { return r.CoreSpread }),
+			SlowPace:   pick(func(r CeilingRow) float64 { return r.SlowPace })})
 	}
 }
 
@@ -147,7 +158,7 @@ func (c *Ceiling) write(w io.Writer) {
 		fmt.Fprint(tw, "host moved\t")
 	}
 	if sampled {
-		fmt.Fprint(tw, "core pace\tcores moved\t")
+		fmt.Fprint(tw, "core pace\tslow pace\tcores moved\t")
 	}
 	fmt.Fprintln(tw)
 	for _, r := range c.Rows {
@@ -160,7 +171,7 @@ func (c *Ceiling) write(w io.Writer) {
 			fmt.Fprintf(tw, "%.0f%%\t", 100*r.HostSpread)
 		}
 		if sampled {
-			fmt.Fprintf(tw, "%.2f\t%.0f%%\t", r.CorePace, 100*r.CoreSpread)
+			fmt.Fprintf(tw, "%.2f\t%.2f\t%.0f%%\t", r.CorePace, r.SlowPace, 100*r.CoreSpread)
 		}
 		fmt.Fprintln(tw)
 	}
@@ -169,7 +180,7 @@ func (c *Ceiling) write(w io.Writer) {
 		fmt.Fprintln(w, "host moved: how far one core's memory read speed, probed before and after each of the round's runs, moved (fastest - slowest over the median; on an idle host it moves up to about 30% within seconds); a round well above that compared runs made at different host speeds")
 	}
 	if sampled {
-		fmt.Fprintln(w, "core pace: how fast the route's CPUs ran (an L1 copy sampled every 100 ms through the run, the mean over its CPUs) over how fast the whole model's CPU did at c; below 1 the route ran on slower cores, and its share reads low. cores moved: how far the three runs' figures differ (fastest - slowest over the median)")
+		fmt.Fprintln(w, "core pace: how fast the route's CPUs ran (an L1 copy sampled every 100 ms through the run, the mean over its CPUs) over how fast the whole model's CPU did at c; below 1 the route ran on slower cores, and its share reads low. slow pace: the same with the route's slower CPU in each second. cores moved: how far the three runs' figures differ (fastest - slowest over the median)")
 	}
 }
 

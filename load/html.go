@@ -226,8 +226,8 @@ seed {{.R.Workload.Seed}}; {{.R.Workload.Rounds}} round(s){{if .R.Workload.SLO}}
 {{end}}</table>{{end}}
 {{with .R.Ceiling}}{{if .Rows}}<h2>Pipeline ceiling</h2>
 <p>{{.Route}} / {{.Baseline}} against {{.Hops}} x {{.Baseline}} at c/{{.Hops}} over {{.Baseline}} at c: the ratio with balanced hops, no idle and free crossings, read in the same rounds. Host moved: how far one core's memory read speed, probed before and after each of the round's runs, moved (fastest - slowest over the median; 0 without probes). Core pace: how fast the route's CPUs ran (an L1 copy sampled every 100 ms through the run, the mean over its CPUs) over how fast the whole model's CPU did at c; below 1 the route ran on slower cores, and its share reads low. Cores moved: how far the round's three figures differ (0 where the runs were not sampled).</p>
-<table><tr><th>load</th><th>round</th><th>ratio</th><th>ceiling</th><th>share</th><th>host moved</th><th>core pace</th><th>cores moved</th></tr>
-{{range .Rows}}<tr><td>c={{.Concurrency}}</td><td>{{if .Round}}{{.Round}}{{else}}median{{end}}</td><td>{{printf "%.2fx" .Ratio}}</td><td>{{printf "%.2fx" .Ceiling}}</td><td>{{printf "%.0f%%" (pct .Share)}}</td><td>{{printf "%.0f%%" (pct .HostSpread)}}</td><td>{{printf "%.2f" .CorePace}}</td><td>{{printf "%.0f%%" (pct .CoreSpread)}}</td></tr>
+<table><tr><th>load</th><th>round</th><th>ratio</th><th>ceiling</th><th>share</th><th>host moved</th><th>core pace</th><th>slow pace</th><th>cores moved</th></tr>
+{{range .Rows}}<tr><td>c={{.Concurrency}}</td><td>{{if .Round}}{{.Round}}{{else}}median{{end}}</td><td>{{printf "%.2fx" .Ratio}}</td><td>{{printf "%.2fx" .Ceiling}}</td><td>{{printf "%.0f%%" (pct .Share)}}</td><td>{{printf "%.0f%%" (pct .HostSpread)}}</td><td>{{printf "%.2f" .CorePace}}</td><td>{{printf "%.2f" .SlowPace}}</td><td>{{printf "%.0f%%" (pct .CoreSpread)}}</td></tr>
 {{end}}</table>{{end}}{{end}}
 {{if .R.Budget}}<h2>Budget: {{if .R.BudgetPass}}<span class="ok">every limit holds</span>{{else}}<span class="fail">FAILED</span>{{end}}</h2>
 <table><tr><th>run</th><th>limit</th><th>value</th><th>verdict</th></tr>

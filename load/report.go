@@ -481,7 +481,7 @@ func (r *Report) writeHost(w io.Writer) {
 		}
 	}
 	if len(parts) > 0 {
-		fmt.Fprintf(w, "\nhost: each run's cores, an L1 copy in GB/s sampled every 100 ms on each pinned CPU (a forward's time moves with it; slowest: the slower CPU at each sample, the pace of a pipeline across them): %s\n", strings.Join(parts, ", "))
+		fmt.Fprintf(w, "\nhost: each run's cores, an L1 copy in GB/s sampled every 100 ms on each pinned CPU (a forward's time moves with it; slowest: the slower CPU's mean in each second, the pace of a pipeline across them): %s\n", strings.Join(parts, ", "))
 	}
 }
 

@@ -182,7 +182,7 @@ type Summary struct {
 	// HostCores is how fast the target's pinned CPUs ran during the
 	// measured phase, sampled every 100 ms (hoststat.SampleCores; absent
 	// where the target is not pinned). Its Slowest is the pace the CPUs
-	// together allowed a pipeline across them.
+	// together allowed a pipeline across them, second by second.
 	HostCores *hoststat.Cores `json:"host_cores,omitempty"`
 	// ITLSeries is [seconds since the measured phase began, ITL ms]
 	// points (a sample of at most 20,000).

@@ -150,18 +150,21 @@ func checkCeiling(t *testing.T, bin, model, dir string) {
 	}
 	tps := map[string]float64{}
 	pace := map[string]float64{}
+	slow := map[string]float64{}
 	reads := map[int][]float64{}
 	for _, s := range rep.Runs {
 		tps[fmt.Sprintf("%s c=%d r%d", s.Target, s.Concurrency, s.Round)] = s.OutputTokensPerS
 		if len(s.HostReadGBps) != 2 || slices.Min(s.HostReadGBps) <= 0 {
 			t.Errorf("%s: host read speed %v, want before and after", s.Label, s.HostReadGBps)
 		}
-		// A second's run sampled every 100 ms: about 10 ticks, fewer on a
-		// loaded machine.
-		if c := s.HostCores; c == nil || !slices.Equal(c.CPUs, []int{cpu}) || c.Ticks < 3 || c.Slowest <= 0 || c.GBps[0] < c.Slowest*(1-1e-9) {
+		// A second's run sampled every 100 ms: about 10 samples in one or
+		// two windows, fewer samples on a loaded machine.
+		if c := s.HostCores; c == nil || !slices.Equal(c.CPUs, []int{cpu}) || len(c.Samples) != 1 || c.Samples[0] < 3 ||
+			c.Windows < 1 || c.Slowest <= 0 {
 			t.Errorf("%s: cores %+v, want CPU %d sampled", s.Label, c, cpu)
 		} else {
-			pace[fmt.Sprintf("%s c=%d r%d", s.Target, s.Concurrency, s.Round)] = c.GBps[0]
+			k := fmt.Sprintf("%s c=%d r%d", s.Target, s.Concurrency, s.Round)
+			pace[k], slow[k] = c.GBps[0], c.Slowest
 		}
 		reads[s.Round] = append(reads[s.Round], s.HostReadGBps...)
 	}
@@ -183,6 +186,10 @@ func checkCeiling(t *testing.T, bin, model, dir string) {
 		p := pace[fmt.Sprintf("route c=4 r%d", r.Round)] / pace[fmt.Sprintf("unsplit c=4 r%d", r.Round)]
 		if math.IsNaN(p) || math.Abs(r.CorePace-p) > 1e-9 || r.CoreSpread < 0 {
 			t.Errorf("round %d: core pace %v (spread %v), want %v from %v", r.Round, r.CorePace, r.CoreSpread, p, pace)
+		}
+		if p := slow[fmt.Sprintf("route c=4 r%d", r.Round)] / slow[fmt.Sprintf("unsplit c=4 r%d", r.Round)]; math.IsNaN(p) ||
+			math.Abs(r.SlowPace-p) > 1e-9 {
+			t.Errorf("round %d: slow pace %v, want %v from %v", r.Round, r.SlowPace, p, slow)
 		}
 	}
 	if m := cl.Rows[2]; m.Round != 0 || m.Concurrency != 4 || m.Ceiling <= 0 {

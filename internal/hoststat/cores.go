@@ -30,28 +30,37 @@ const coreCopies = 256
 // forward's time by about 1.6x, this copy's by up to 2x), while its memory
 // read speed (ReadGBps) stays flat; a forward's time follows the copy's
 // (PERF.md, noise: sampled every 100 ms beside a forward on its CPU, its
-// 1 s means correlate -0.89 with the forward's). A route of one CPU a hop runs at the pace of its
-// slower core at each moment, a model on one CPU at that CPU's: Slowest
-// says what pace the CPUs together allowed (the slower of two noisy
-// samples: on an idle host 3-10% under either CPU's mean).
+// 1 s means correlate -0.89 with the forward's). A route of one CPU a hop
+// runs at the pace of its slower core at each moment, a model on one CPU
+// at that CPU's: Slowest says what pace the CPUs together allowed.
 type Cores struct {
 	CPUs []int `json:"cpus"`
-	// GBps is each CPU's mean copy speed over its samples, in CPUs' order.
-	GBps []float64 `json:"gbps"`
-	// Slowest is the mean over the sampling ticks of the slowest CPU's
-	// speed at that tick; Ticks is how many ticks every CPU was sampled at.
+	// GBps is each CPU's mean copy speed over its samples, in CPUs' order;
+	// Samples, how many samples each had.
+	GBps    []float64 `json:"gbps"`
+	Samples []int     `json:"samples"`
+	// Slowest is the mean over the windows of coreWindow that every CPU
+	// was sampled in of the slowest CPU's mean in each; Windows is how
+	// many there were. Windows, not single samples: the slower of two
+	// noisy samples reads 3-10% under either CPU's mean even on an idle
+	// host, where a window's mean of ten is steadier, and a spell lasts
+	// several windows.
 	Slowest float64 `json:"slowest_gbps"`
-	Ticks   int     `json:"ticks"`
+	Windows int     `json:"windows"`
 }
+
+// coreWindow is the span over which Cores.Slowest compares the CPUs.
+const coreWindow = time.Second
 
 // CoreSampler probes each of its CPUs' speed every so often, from a
 // thread pinned there, until Stop.
 type CoreSampler struct {
-	cpus  []int
-	every time.Duration
-	start time.Time
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	cpus   []int
+	every  time.Duration
+	window time.Duration
+	start  time.Time
+	stop   chan struct{}
+	wg     sync.WaitGroup
 	// per CPU: the tick of each sample and its speed; the threads' ids;
 	// an error from restoring a thread's affinity.
 	ticks [][]int
@@ -67,7 +76,7 @@ func SampleCores(cpus []int, every time.Duration) (*CoreSampler, error) {
 		return nil, fmt.Errorf("hoststat: sample %v every %v", cpus, every)
 	}
 	n := len(cpus)
-	s := &CoreSampler{cpus: slices.Clone(cpus), every: every, start: time.Now(), stop: make(chan struct{}),
+	s := &CoreSampler{cpus: slices.Clone(cpus), every: every, window: max(coreWindow, every), start: time.Now(), stop: make(chan struct{}),
 		ticks: make([][]int, n), gbps: make([][]float64, n), tids: make([]int, n), errs: make([]error, n)}
 	started := make(chan error, n)
 	for i, cpu := range cpus {
@@ -122,31 +131,39 @@ func (s *CoreSampler) Stop() (Cores, error) {
 	close(s.stop)
 	s.wg.Wait()
 	c := Cores{CPUs: s.cpus}
-	slowest := map[int]float64{}
-	seen := map[int]int{}
+	per := max(int(s.window/s.every), 1) // ticks a window
+	type window struct{ sum, n []float64 }
+	windows := map[int]window{}
 	for i := range s.cpus {
 		var sum float64
 		for j, g := range s.gbps[i] {
 			sum += g
-			k := s.ticks[i][j]
-			if n := seen[k]; n == i { // once a tick per CPU, every CPU so far
-				seen[k] = n + 1
-				if v, ok := slowest[k]; !ok || g < v {
-					slowest[k] = g
-				}
+			k := s.ticks[i][j] / per
+			w, ok := windows[k]
+			if !ok {
+				w = window{make([]float64, len(s.cpus)), make([]float64, len(s.cpus))}
+				windows[k] = w
 			}
+			w.sum[i] += g
+			w.n[i]++
 		}
 		c.GBps = append(c.GBps, sum/float64(max(len(s.gbps[i]), 1)))
+		c.Samples = append(c.Samples, len(s.gbps[i]))
 	}
 	var sum float64
-	for k, n := range seen {
-		if n == len(s.cpus) {
-			sum += slowest[k]
-			c.Ticks++
+	for _, w := range windows {
+		if slices.Contains(w.n, 0) {
+			continue
 		}
+		slowest := math.Inf(1)
+		for i := range w.sum {
+			slowest = min(slowest, w.sum[i]/w.n[i])
+		}
+		sum += slowest
+		c.Windows++
 	}
-	if c.Ticks > 0 {
-		c.Slowest = sum / float64(c.Ticks)
+	if c.Windows > 0 {
+		c.Slowest = sum / float64(c.Windows)
 	}
 	return c, errors.Join(s.errs...)
 }

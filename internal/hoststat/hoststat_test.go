@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -128,10 +129,12 @@ func TestSampleCores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("CPUs %v: %.1f GB/s, slowest %.1f over %d ticks", c.CPUs, c.GBps, c.Slowest, c.Ticks)
-	// Ticks at 0, 10, ... 200 ms: a loaded CI machine may miss a few.
-	if len(c.GBps) != len(cpus) || c.Ticks < 5 || c.Ticks > 22 {
-		t.Fatalf("%d CPUs sampled, %d ticks", len(c.GBps), c.Ticks)
+	t.Logf("CPUs %v: %.1f GB/s (%v samples), slowest %.1f over %d windows", c.CPUs, c.GBps, c.Samples, c.Slowest, c.Windows)
+	// Samples at 0, 10, ... 200 ms: a loaded CI machine may miss a few;
+	// the 200 ms fall in one window of a second.
+	if len(c.GBps) != len(cpus) || len(c.Samples) != len(cpus) || slices.Min(c.Samples) < 5 ||
+		slices.Max(c.Samples) > 22 || c.Windows != 1 {
+		t.Fatalf("%d CPUs sampled, %v samples, %d windows", len(c.GBps), c.Samples, c.Windows)
 	}
 	// A core copies within its L1 at 1-1000 GB/s.
 	for i, g := range c.GBps {
@@ -159,22 +162,24 @@ func TestSampleCores(t *testing.T) {
 	}
 }
 
-// Stop's slowest is the mean over the ticks every CPU was sampled at of
-// the slowest sample at each.
+// Stop's slowest is the mean over the windows every CPU was sampled in of
+// the slowest CPU's mean in each.
 func TestCoresSlowest(t *testing.T) {
-	s := &CoreSampler{cpus: []int{0, 1}, stop: make(chan struct{}), errs: make([]error, 2),
-		ticks: [][]int{{0, 1, 1, 2, 3}, {0, 1, 3, 4}},
-		gbps:  [][]float64{{10, 20, 99, 30, 40}, {12, 8, 50, 7}}}
+	// Windows of 2 ticks: 0-1, 2-3, 4-5, 6-7.
+	s := &CoreSampler{cpus: []int{0, 1}, every: time.Second, window: 2 * time.Second, stop: make(chan struct{}),
+		errs:  make([]error, 2),
+		ticks: [][]int{{0, 1, 1, 2, 3, 6}, {0, 1, 3, 4}},
+		gbps:  [][]float64{{10, 20, 30, 99, 1, 40}, {12, 8, 50, 7}}}
 	c, err := s.Stop()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Ticks 0, 1, 3: min(10, 12), min(20, 8), min(40, 50); CPU 0's second
-	// sample at tick 1 and the ticks only one CPU has do not count.
-	if c.Ticks != 3 || c.Slowest != (10+8+40)/3.0 {
-		t.Fatalf("slowest %.3f over %d ticks", c.Slowest, c.Ticks)
+	// Window 0: CPU 0 (10+20+30)/3 = 20, CPU 1 (12+8)/2 = 10; window 1:
+	// CPU 0 (99+1)/2 = 50, CPU 1 50. Windows 2 and 3 have one CPU each.
+	if c.Windows != 2 || c.Slowest != (10+50)/2.0 {
+		t.Fatalf("slowest %.3f over %d windows", c.Slowest, c.Windows)
 	}
-	if c.GBps[0] != (10+20+99+30+40)/5.0 || c.GBps[1] != (12+8+50+7)/4.0 {
-		t.Fatalf("means %v", c.GBps)
+	if c.GBps[0] != (10+20+30+99+1+40)/6.0 || c.GBps[1] != (12+8+50+7)/4.0 || !slices.Equal(c.Samples, []int{6, 4}) {
+		t.Fatalf("means %v, samples %v", c.GBps, c.Samples)
 	}
 }
