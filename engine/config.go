@@ -10,6 +10,13 @@ import (
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 )
 
+// IdlePoller keeps CPUs busy for a while after each Extend
+// (internal/idlepoll).
+type IdlePoller interface {
+	Extend()
+	Spun() time.Duration
+}
+
 // Config holds the worker's admission budgets and scheduling knobs.
 type Config struct {
 	// MaxSessions: route sessions holding KV state at once.
@@ -108,6 +115,10 @@ type Config struct {
 	ResultsCacheBytes int64
 	// Version is reported as recipe_version.
 	Version string
+	// IdlePoll keeps the forward's CPUs from going idle between forwards:
+	// the driver calls Extend after each (idlepoll.Poller, --idle-poll),
+	// and Spun is a metric. nil: none.
+	IdlePoll IdlePoller
 	// TracerProvider and MeterProvider turn on spans per stage and metrics;
 	// nil leaves the engine uninstrumented (nothing is timed).
 	TracerProvider trace.TracerProvider

@@ -206,6 +206,9 @@ func (d *driver) forward(fp sched.Forward) (time.Duration, error) {
 		err = d.be.Forward(d.batch, &d.out)
 	}
 	took := time.Since(start)
+	if ip := d.e.cfg.IdlePoll; ip != nil {
+		ip.Extend()
+	}
 	d.e.schedMu.Lock()
 	d.stats.Busy += took
 	if core > 0 {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,7 +31,8 @@ func TestMetricsEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := startWorker(t, be, meta, Config{MeterProvider: tel.Meter})
+	idle := &countingPoller{}
+	w := startWorker(t, be, meta, Config{MeterProvider: tel.Meter, IdlePoll: idle})
 	s := w.open(t, "metrics", 1)
 	if o := s.prefillTokens(1, 1, 2, 3); o.ack == nil {
 		t.Fatal(o.status)
@@ -64,6 +66,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		"shardd_gather_expired_total ",
 		"shardd_gather_held ",
 		"shardd_telemetry_dropped_total ",
+		"shardd_idle_poll_spun 1.5\n",
 		"shardd_received_bytes_total ",
 		"shardd_sent_payload_bytes_total ",
 		`shardd_errors_total{code="ERROR_CODE_CACHE_MISS"} 1`,
@@ -78,10 +81,20 @@ func TestMetricsEndpoint(t *testing.T) {
 	} else if g, err := strconv.ParseFloat(strings.Fields(v)[0], 64); err != nil || g <= 0 {
 		t.Errorf("core speed %q (%v) after a forward", strings.Fields(v)[0], err)
 	}
+	// The idle poller was extended after the forward.
+	if n := idle.extends.Load(); n < 1 {
+		t.Errorf("%d idle poll extends after a forward", n)
+	}
 	if t.Failed() {
 		t.Logf("scraped:\n%s", text)
 	}
 }
+
+// countingPoller counts Extends and says it spun 1.5 s.
+type countingPoller struct{ extends atomic.Int64 }
+
+func (p *countingPoller) Extend()             { p.extends.Add(1) }
+func (p *countingPoller) Spun() time.Duration { return 1500 * time.Millisecond }
 
 // TestRecorderQueueFullDrops: when the recorder cannot keep up, a finished
 // step is dropped and counted instead of blocking the send goroutine; what

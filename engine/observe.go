@@ -141,6 +141,9 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 	o.occupancy, _ = m.Int64Histogram("shardd.batch.rows", metric.WithDescription("rows in each forward call"),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512))
 	gauge("shardd.host.core_speed", "GB/s of an L1 copy on the forward thread's core, probed at most every 100 ms before a forward: on a shared host a forward's time follows it, so a slow hop on a slow core is the host's", func() float64 { return e.Stats().CoreGBps })
+	if ip := e.cfg.IdlePoll; ip != nil {
+		gauge("shardd.idle_poll.spun", "seconds the --idle-poll threads have spun on the forward's CPUs since start, at the lowest priority (CPU time a halted vCPU would have given the host)", func() float64 { return ip.Spun().Seconds() })
+	}
 	gauge("shardd.forward.busy", "seconds spent in forward calls since start (its rate is the backend's utilization)", func() float64 { return e.Stats().Busy.Seconds() })
 	counter("shardd.preemptions", "prefill iterations stopped for a decode step", func() int64 { return e.Stats().Preemptions })
 	counter("shardd.telemetry.dropped", "finished steps whose spans and stage durations were dropped: the recorder's queue was full", o.dropped.Load)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,10 +65,18 @@ func TestParseServe(t *testing.T) {
 		{[]string{"--model", "m", "--gpu-layers", "all", "--gpu-fallback", "maybe"}, "--gpu-fallback"},
 		{[]string{"--model", "m", "--device", "CUDA0"}, "--device"},
 		{[]string{"--model", "m", "--gpu-layers", "all", "--exact"}, "--exact"},
+		{[]string{"--model", "m", "--idle-poll", "-1ms"}, "--idle-poll"},
+		// More CPUs than forward threads: the poller would burn CPUs no
+		// forward runs on.
+		{[]string{"--model", "m", "--idle-poll", "20ms", "--threads", strconv.Itoa(runtime.NumCPU() + 1)}, "--idle-poll"},
 	} {
 		if _, err := parseServe(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err %v, want one naming %s", tc.args, err, tc.want)
 		}
+	}
+	if p, err := parseServe([]string{"--model", "m", "--idle-poll", "20ms", "--threads", strconv.Itoa(runtime.NumCPU())}); err != nil ||
+		p.idlePoll != 20*time.Millisecond {
+		t.Errorf("--idle-poll 20ms with a thread a CPU: %v", err)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -31,6 +33,7 @@ import (
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/internal/feature"
+	"github.com/meshnet/shardd/internal/idlepoll"
 	"github.com/meshnet/shardd/relay"
 )
 
@@ -52,9 +55,12 @@ type serveConfig struct {
 	// (else refuse to start).
 	gpuFallback  bool
 	drainTimeout time.Duration
-	log          *slog.Logger
-	tls          *tlsFlags
-	tel          *telemetryFlags
+	// idlePoll: --idle-poll, the window the forward's CPUs are kept busy
+	// after each forward (0: off).
+	idlePoll time.Duration
+	log      *slog.Logger
+	tls      *tlsFlags
+	tel      *telemetryFlags
 }
 
 // uint32Value is a flag.Value for an unsigned 32-bit setting.
@@ -134,6 +140,7 @@ func parseServe(args []string) (*serveConfig, error) {
 	fs.StringVar(&b.Device, "device", "", "with --gpu-layers: the GPU, by index or name (CUDA0); default: the first")
 	gpuFallback := fs.String("gpu-fallback", "refuse", "with --gpu-layers and no usable GPU (a CPU-only build, no device, no driver): 'refuse' to start, or 'cpu' to serve every layer on the CPU (logged, and GetCapability's device says so)")
 	fs.IntVar(&b.Poll, "poll", 0, "llama.cpp threadpool polling after a forward, 0..100: spinning answers the next step sooner but burns the cores; keep 0 where workers share a machine")
+	fs.DurationVar(&c.idlePoll, "idle-poll", 0, "after each forward, keep this process's CPUs busy this long at the lowest priority (a thread per CPU at SCHED_IDLE, which any other thread preempts), so that on a VM a vCPU does not halt between a pipeline's forwards and wait for its host at the next (steal time; PERF.md, noise); needs as many forward threads as the process has CPUs (--threads 0, or taskset or a cpuset); burns the idle CPUs for the window; 0: off")
 	pin := fs.String("pin-threads", "auto", "pin the forward threads one per CPU: on, off, or auto (on when --threads uses every CPU this process may run on, as with taskset or a cpuset); two compute threads sharing a CPU stall llama.cpp's spinning barriers")
 	fs.BoolVar(&b.Verbose, "verbose", false, "pass llama.cpp's own logs through")
 	if err := fs.Parse(args); err != nil {
@@ -189,6 +196,9 @@ func (c *serveConfig) validate(boundary, pin, relayAt, logLevel string) error {
 		b.PinThreads = llamacpp.PinAuto(b.Threads)
 	default:
 		return fmt.Errorf("--pin-threads must be on, off or auto")
+	}
+	if c.idlePoll < 0 || c.idlePoll > 0 && !llamacpp.PinAuto(b.Threads) {
+		return fmt.Errorf("--idle-poll needs a CPU for each forward thread and no more: --threads %d, and this process may run on %d CPUs (taskset or a cpuset)", b.Threads, runtime.NumCPU())
 	}
 	if relayAt != "" {
 		if !strings.HasPrefix(relayAt, "relay://") {
@@ -252,6 +262,27 @@ func (c *serveConfig) openBackend(meta gguf.Meta) (*llamacpp.Backend, error) {
 	return llamacpp.OpenMeta(cpu, meta)
 }
 
+// startIdlePoll starts --idle-poll's threads on the CPUs this process may
+// run on, which its forward threads take one each.
+func (c *serveConfig) startIdlePoll() (*idlepoll.Poller, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return nil, fmt.Errorf("serve: --idle-poll: %w", err)
+	}
+	var cpus []int
+	for cpu := 0; len(cpus) < set.Count(); cpu++ {
+		if set.IsSet(cpu) {
+			cpus = append(cpus, cpu)
+		}
+	}
+	ip, err := idlepoll.Start(cpus, c.idlePoll)
+	if err != nil {
+		return nil, fmt.Errorf("serve: --idle-poll: %w", err)
+	}
+	c.log.Info("idle poll", "cpus", cpus, "window", c.idlePoll)
+	return ip, nil
+}
+
 func runServe(args []string) error {
 	c, err := parseServe(args)
 	if err != nil {
@@ -286,6 +317,14 @@ func (c *serveConfig) run() error {
 	defer be.Close()
 	ecfg := c.engine
 	ecfg.TracerProvider, ecfg.MeterProvider = tel.TracerProvider(), tel.Meter
+	if c.idlePoll > 0 {
+		ip, err := c.startIdlePoll()
+		if err != nil {
+			return err
+		}
+		defer ip.Stop()
+		ecfg.IdlePoll = ip
+	}
 	eng := engine.New(ecfg, be, meta, c.log)
 	defer eng.Close()
 	c.limitGoHeap()
