@@ -24,6 +24,7 @@ func TestCeilingRounds(t *testing.T) {
 	}
 	routeCores := func(s *Summary) *Summary {
 		s.HostCores = &hoststat.Cores{CPUs: []int{0, 1}, GBps: []float64{70, 50}, Slowest: 45, Windows: 2}
+		s.HostSteal = []float64{0.05, 0.125}
 		return s
 	}
 	runs := []*Summary{
@@ -68,7 +69,7 @@ func TestCeilingRounds(t *testing.T) {
 	r.WriteText(&b)
 	if !strings.Contains(b.String(), "pipeline ceiling") || !strings.Contains(b.String(), "median") ||
 		!strings.Contains(b.String(), "host moved") || !strings.Contains(b.String(), "75%") ||
-		!strings.Contains(b.String(), "core pace") || !strings.Contains(b.String(), "1.65x    2.00x    82%         75%       0.60       0.45          50%") {
+		!strings.Contains(b.String(), "core pace") || !strings.Contains(b.String(), "cpu0 5.0% cpu1 12.5%") || !strings.Contains(b.String(), "1.65x    2.00x    82%         75%       0.60       0.45          50%") {
 		t.Errorf("the text report has no ceiling:\n%s", b.String())
 	}
 	page := filepath.Join(t.TempDir(), "r.html")

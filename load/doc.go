@@ -52,7 +52,8 @@
 //   - for a target whose workers are pinned (Target.CPUs), each CPU's
 //     speed sampled every 100 ms through the run (hoststat.SampleCores:
 //     an L1 copy), which a forward's time follows where the read speed
-//     stays flat, and the slowest CPU's pace (the ceiling's core pace).
+//     stays flat (the ceiling's core pace), and the slower CPU's mean in
+//     each second (Cores.Slowest: the ceiling's slow pace).
 //
 // Links put a toxiproxy proxy (in the harness's process, on loopback) in
 // front of a hop's worker with added latency, jitter or a bandwidth cap. In shardd the head carries every activation, so a hop's
@@ -70,8 +71,8 @@
 // (per target and level over rounds: tokens/s, its spread, the ratio to
 // the first target, TTFT and ITL p99, goodput), sweep (levels and knee),
 // ceiling (--ceiling: route, baseline, hops and rows of concurrency, round
-// (0: the medians), ratio, ceiling, share and host_spread; Ceiling says what
-// they mean)
+// (0: the medians), ratio, ceiling, share, host_spread, core_pace,
+// core_spread and slow_pace; Ceiling says what they mean)
 // and budget (each limit checked against each run of the first target)
 // with budget_pass.
 package load

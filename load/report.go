@@ -483,6 +483,19 @@ func (r *Report) writeHost(w io.Writer) {
 	if len(parts) > 0 {
 		fmt.Fprintf(w, "\nhost: each run's cores, an L1 copy in GB/s sampled every 100 ms on each pinned CPU (a forward's time moves with it; slowest: the slower CPU's mean in each second, the pace of a pipeline across them): %s\n", strings.Join(parts, ", "))
 	}
+	parts = parts[:0]
+	for _, s := range r.Runs {
+		if len(s.HostSteal) > 0 && s.HostCores != nil && len(s.HostCores.CPUs) == len(s.HostSteal) {
+			var cpus []string
+			for i, cpu := range s.HostCores.CPUs {
+				cpus = append(cpus, fmt.Sprintf("cpu%d %.1f%%", cpu, 100*s.HostSteal[i]))
+			}
+			parts = append(parts, fmt.Sprintf("%s %s", s.Label, strings.Join(cpus, " ")))
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "\nhost: steal, the share of each run each pinned CPU waited for the host while it had work (a vCPU halted between forwards may wait at its next wakeup; serve --idle-poll): %s\n", strings.Join(parts, ", "))
+	}
 }
 
 // writeIdle prints each hop's busy share and the idle before its forwards

@@ -291,6 +291,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	if err != nil {
 		return nil, err
 	}
+	steal := stealSince(t.CPUs)
 	spanFrom := time.Now()
 	cpu0 := processCPU()
 	kd := hoststat.Kdamond()
@@ -307,6 +308,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 	if err := errors.Join(reviveErr, err); err != nil {
 		return nil, err
 	}
+	hostSteal := steal()
 	stopProgress()
 	hops := counters()
 	rec.mu.Lock()
@@ -325,7 +327,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 		s.HarnessCPUPerTokenMicros = float64(cpu.Microseconds()) / float64(s.OutputTokens)
 	}
 	s.HostKdamondMillis = float64(kdCPU.Microseconds()) / 1000
-	s.HostReadGBps, s.HostCores = reads, hostCores
+	s.HostReadGBps, s.HostCores, s.HostSteal = reads, hostCores, hostSteal
 	s.PrefixHitRate, s.PrefixHitSeries, s.PrefixMisfits = hops.hitRate, hops.hitSeries, hops.delta[misfitsMetric]
 	s.StreamPlaceholders, s.StreamCopies = hops.delta[placeholdersMetric], hops.delta[copiesMetric]
 	s.HopBusy, s.HopRowsPerForward, s.HopCost = hops.busy, hops.rows, hops.cost
@@ -852,6 +854,29 @@ func sampleCores(cpus []int) (func() (*hoststat.Cores, error), error) {
 		c, err := s.Stop()
 		return &c, err
 	}, nil
+}
+
+// stealSince reads cpus' steal time now and returns a func that says,
+// later, which share of the time since each CPU was stolen (nil where there are
+// no CPUs, or /proc/stat cannot be read: a host that does not report it).
+func stealSince(cpus []int) func() []float64 {
+	start := time.Now()
+	s0, err := hoststat.Steal(cpus)
+	if len(cpus) == 0 || err != nil {
+		return func() []float64 { return nil }
+	}
+	return func() []float64 {
+		s1, err := hoststat.Steal(cpus)
+		el := time.Since(start)
+		if err != nil || el <= 0 {
+			return nil
+		}
+		share := make([]float64, len(cpus))
+		for i := range cpus {
+			share[i] = float64(s1[i]-s0[i]) / float64(el)
+		}
+		return share
+	}
 }
 
 // probeHost appends the memory read speed of cpus to reads (nothing when

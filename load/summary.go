@@ -184,6 +184,12 @@ type Summary struct {
 	// where the target is not pinned). Its Slowest is the pace the CPUs
 	// together allowed a pipeline across them, second by second.
 	HostCores *hoststat.Cores `json:"host_cores,omitempty"`
+	// HostSteal is, for each of the target's pinned CPUs (in
+	// HostCores.CPUs' order), the share of the measured phase it waited
+	// for the host while it had work (hoststat.Steal): on a VM a halted
+	// vCPU's next wakeup may wait for its host, which a pipeline's hops,
+	// idle between forwards, pay many times a second (serve --idle-poll).
+	HostSteal []float64 `json:"host_steal,omitempty"`
 	// ITLSeries is [seconds since the measured phase began, ITL ms]
 	// points (a sample of at most 20,000).
 	ITLSeries [][2]float64 `json:"itl_series"`

@@ -38,8 +38,9 @@ the kind of forward that ended it) from worker spans, errors by ErrorCode, and t
 CPU time per token. For the workers it starts, also each one's share of the run in forward
 calls, rows per forward and cost model (from their metrics), and, where they are pinned
 (--worker-cpus, --unsplit-cpus), one core's memory read speed on their CPUs before and after
-each run, and each of a target's CPUs' speed sampled every 100 ms through its run (an L1 copy):
-on a shared host they move, and a forward's time with them.
+each run, each of a target's CPUs' speed sampled every 100 ms through its run (an L1 copy), and
+the share of the run each waited for the host (steal): on a shared host they move, and a
+forward's time with them.
 
 Target: an existing route (--route A,B,...), or a route it starts from a model (--model FILE with
 --shards N [--by cost [--kv-cells N]] or --ranges 0:8,8:12, cut as 'shardd split' cuts): one

@@ -166,6 +166,11 @@ func checkCeiling(t *testing.T, bin, model, dir string) {
 			k := fmt.Sprintf("%s c=%d r%d", s.Target, s.Concurrency, s.Round)
 			pace[k], slow[k] = c.GBps[0], c.Slowest
 		}
+		// The pinned CPU's steal over the run: a share, 0 on a host that
+		// steals nothing.
+		if len(s.HostSteal) != 1 || s.HostSteal[0] < 0 || s.HostSteal[0] > 1 {
+			t.Errorf("%s: steal %v, want CPU %d's share", s.Label, s.HostSteal, cpu)
+		}
 		reads[s.Round] = append(reads[s.Round], s.HostReadGBps...)
 	}
 	cl := rep.Ceiling

@@ -183,3 +183,37 @@ func TestCoresSlowest(t *testing.T) {
 		t.Fatalf("means %v, samples %v", c.GBps, c.Samples)
 	}
 }
+
+// Steal reads each CPU's steal column in USER_HZ ticks, skips the total,
+// and refuses a CPU /proc/stat does not list.
+func TestSteal(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stat")
+	stat := "cpu  5208297 6041 230244 4393890 4755 0 48004 35574 0 0\n" +
+		"cpu0 3076916 2103 116302 1722631 2648 0 17990 16859 0 0\n" +
+		"cpu1 2131380 3937 113942 2671258 2107 0 30014 18714 0 0\n" +
+		"intr 1 2 3\nctxt 99\n"
+	if err := os.WriteFile(path, []byte(stat), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := stealFrom(path, []int{1, 0})
+	if err != nil || len(got) != 2 || got[0] != 187140*time.Millisecond || got[1] != 168590*time.Millisecond {
+		t.Fatalf("steal %v (%v)", got, err)
+	}
+	if _, err := stealFrom(path, []int{2}); err == nil {
+		t.Error("cpu2, which the file lacks: no error")
+	}
+	// The machine's own: every CPU this process may run on is listed.
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	var cpus []int
+	for cpu := 0; len(cpus) < set.Count(); cpu++ {
+		if set.IsSet(cpu) {
+			cpus = append(cpus, cpu)
+		}
+	}
+	if s, err := Steal(cpus); err != nil || len(s) != len(cpus) {
+		t.Fatalf("this machine's steal %v (%v)", s, err)
+	}
+}

@@ -5,6 +5,7 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -110,7 +111,15 @@ shardd_idlepoll *shardd_idlepoll_start(int cpu, int *err) {
 	// The thread starts pinned; it puts itself at SCHED_IDLE and says
 	// whether it could before this returns.
 	int e = pthread_attr_setaffinity_np(&attr, sizeof set, &set);
-	if (e == 0) e = pthread_create(&p->thread, &attr, run, p);
+	if (e == 0) {
+		// The thread starts with every signal blocked: they go to the Go
+		// runtime's threads, never to this one.
+		sigset_t all, was;
+		sigfillset(&all);
+		pthread_sigmask(SIG_BLOCK, &all, &was);
+		e = pthread_create(&p->thread, &attr, run, p);
+		pthread_sigmask(SIG_SETMASK, &was, NULL);
+	}
 	pthread_attr_destroy(&attr);
 	if (e != 0) {
 		free(p);
