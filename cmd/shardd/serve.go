@@ -19,7 +19,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -33,6 +32,7 @@ import (
 	shardv1 "github.com/meshnet/shardd/gen/shardv1"
 	"github.com/meshnet/shardd/gguf"
 	"github.com/meshnet/shardd/internal/feature"
+	"github.com/meshnet/shardd/internal/hoststat"
 	"github.com/meshnet/shardd/internal/idlepoll"
 	"github.com/meshnet/shardd/relay"
 )
@@ -265,15 +265,9 @@ func (c *serveConfig) openBackend(meta gguf.Meta) (*llamacpp.Backend, error) {
 // startIdlePoll starts --idle-poll's threads on the CPUs this process may
 // run on, which its forward threads take one each.
 func (c *serveConfig) startIdlePoll() (*idlepoll.Poller, error) {
-	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err != nil {
+	cpus, err := hoststat.AllowedCPUs()
+	if err != nil {
 		return nil, fmt.Errorf("serve: --idle-poll: %w", err)
-	}
-	var cpus []int
-	for cpu := 0; len(cpus) < set.Count(); cpu++ {
-		if set.IsSet(cpu) {
-			cpus = append(cpus, cpu)
-		}
 	}
 	ip, err := idlepoll.Start(cpus, c.idlePoll)
 	if err != nil {

@@ -203,15 +203,9 @@ func TestSteal(t *testing.T) {
 		t.Error("cpu2, which the file lacks: no error")
 	}
 	// The machine's own: every CPU this process may run on is listed.
-	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err != nil {
-		t.Fatal(err)
-	}
-	var cpus []int
-	for cpu := 0; len(cpus) < set.Count(); cpu++ {
-		if set.IsSet(cpu) {
-			cpus = append(cpus, cpu)
-		}
+	cpus, err := AllowedCPUs()
+	if err != nil || len(cpus) == 0 {
+		t.Fatalf("allowed CPUs %v (%v)", cpus, err)
 	}
 	if s, err := Steal(cpus); err != nil || len(s) != len(cpus) {
 		t.Fatalf("this machine's steal %v (%v)", s, err)

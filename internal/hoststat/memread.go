@@ -121,14 +121,27 @@ func readPasses() float64 {
 
 // FirstCPU is the lowest-numbered CPU this thread may run on.
 func FirstCPU() (int, error) {
-	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err != nil {
+	cpus, err := AllowedCPUs()
+	if err != nil {
 		return 0, err
 	}
-	for cpu := range len(set) * 64 {
+	return cpus[0], nil
+}
+
+// AllowedCPUs are the CPUs this thread may run on, in order.
+func AllowedCPUs() ([]int, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return nil, err
+	}
+	var cpus []int
+	for cpu := 0; len(cpus) < set.Count(); cpu++ {
 		if set.IsSet(cpu) {
-			return cpu, nil
+			cpus = append(cpus, cpu)
 		}
 	}
-	return 0, fmt.Errorf("hoststat: no CPU in this thread's affinity")
+	if len(cpus) == 0 {
+		return nil, fmt.Errorf("hoststat: no CPU in this thread's affinity")
+	}
+	return cpus, nil
 }
