@@ -184,14 +184,15 @@ func TestCoresSlowest(t *testing.T) {
 	}
 }
 
-// Steal reads each CPU's steal column in USER_HZ ticks, skips the total,
-// and refuses a CPU /proc/stat does not list.
+// Steal reads each CPU's steal column in USER_HZ ticks, skips the total
+// and lines that are not a CPU's (an empty one too), and refuses a CPU
+// /proc/stat does not list.
 func TestSteal(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "stat")
 	stat := "cpu  5208297 6041 230244 4393890 4755 0 48004 35574 0 0\n" +
 		"cpu0 3076916 2103 116302 1722631 2648 0 17990 16859 0 0\n" +
 		"cpu1 2131380 3937 113942 2671258 2107 0 30014 18714 0 0\n" +
-		"intr 1 2 3\nctxt 99\n"
+		"intr 1 2 3\n\nctxt 99\n"
 	if err := os.WriteFile(path, []byte(stat), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -32,9 +32,12 @@ func stealFrom(path string, cpus []int) ([]time.Duration, error) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
+		if len(fields) < 9 {
+			continue // not a CPU's line with a steal column
+		}
 		name, ok := strings.CutPrefix(fields[0], "cpu")
 		cpu, err := strconv.Atoi(name)
-		if !ok || err != nil || len(fields) < 9 {
+		if !ok || err != nil {
 			continue // the total line, or not a CPU's
 		}
 		// user nice system idle iowait irq softirq steal ...
