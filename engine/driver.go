@@ -39,6 +39,10 @@ type driver struct {
 	// coreA, coreB are the core probe's buffers; coreAt when it last ran.
 	coreA, coreB []byte
 	coreAt       time.Time
+	// gate counts the last forward's results still being sent; sendTimer
+	// bounds the wait for them (awaitSends).
+	gate      *sendGate
+	sendTimer *time.Timer
 }
 
 // coreEvery is how often the driver probes its core's speed before a
@@ -53,6 +57,7 @@ func (d *driver) init(e *Engine) error {
 		d.clock = time.Now
 	}
 	d.coreA, d.coreB = hoststat.CoreBuffers()
+	d.gate = newSendGate()
 	b, err := d.be.NewBatch()
 	d.batch = b
 	return err
@@ -198,6 +203,7 @@ func (d *driver) forward(fp sched.Forward) (time.Duration, error) {
 	var err error
 	// The state is not touched while the backend runs: open may read it.
 	d.e.schedMu.Unlock()
+	d.awaitSends()
 	core := d.probeCore()
 	start := time.Now()
 	if pb, ok := d.be.(backend.Preemptible); ok && fp.Preemptible {
@@ -277,7 +283,12 @@ func (d *driver) apply() {
 	}
 	for _, r := range fx.Replies {
 		w := r.Item.Owner.(*work)
-		w.st.deliver(replyFor(w, r), true)
+		rp := replyFor(w, r)
+		if rp.res != nil {
+			rp.gate = d.gate
+			d.gate.add()
+		}
+		w.st.deliver(rp, true)
 	}
 	if n := len(fx.Retired); n > 0 {
 		d.e.queued.Add(-int32(n))

@@ -30,12 +30,20 @@ type reply struct {
 	status    *shardv1.ShardStatus
 	accepted  *shardv1.SessionAccepted
 	flush     chan struct{} // closed by the sender when it reaches this reply
+	// gate, where set, counts the reply until it is released: sent, or
+	// dropped with its stream (driver.awaitSends).
+	gate *sendGate
 }
 
-// release drops what the reply holds.
+// release drops what the reply holds. Every reply handed to deliver is
+// released exactly once: by deliver where the stream cannot take it, by
+// the send loop after sending it, or by close.
 func (r reply) release() {
 	if r.res != nil {
 		r.res.release()
+	}
+	if r.gate != nil {
+		r.gate.release()
 	}
 }
 

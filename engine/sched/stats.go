@@ -28,6 +28,11 @@ type Stats struct {
 	Holds, HoldsExpired                                         int64         // decode iterations that waited for their group; of them, expired
 	Held                                                        time.Duration // time held
 	Busy                                                        time.Duration // time in forward calls
+	// Forwards that first waited for the last one's results to be sent
+	// (engine's sendGate); of them, those that gave up at the bound; the
+	// time waited.
+	SendWaits, SendWaitsExpired int64
+	SendWaited                  time.Duration
 	// CoreGBps is the forward thread's core speed, probed at most every
 	// coreEvery just before a forward (hoststat.CopySpeed): on a shared
 	// host a forward's time follows it, so a slow hop with a slow core
@@ -36,7 +41,7 @@ type Stats struct {
 }
 
 // Stats writes the scheduler's figures into st (all but the driver's
-// Occupancy, Busy and CoreGBps).
+// Occupancy, Busy, CoreGBps and send waits).
 func (s *Scheduler) Stats(st *Stats) {
 	st.Sessions = s.store.Len()
 	st.Pressure = s.store.Pressure()
