@@ -39,10 +39,12 @@ type driver struct {
 	// coreA, coreB are the core probe's buffers; coreAt when it last ran.
 	coreA, coreB []byte
 	coreAt       time.Time
-	// gate counts the last forward's results still being sent; sendTimer
-	// bounds the wait for them (awaitSends).
+	// gate counts the results still being sent; sendTimer bounds the wait
+	// for them; sendStuck: a wait ran out and forwards do not wait until
+	// the gate empties (awaitSends).
 	gate      *sendGate
 	sendTimer *time.Timer
+	sendStuck bool
 }
 
 // coreEvery is how often the driver probes its core's speed before a

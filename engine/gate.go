@@ -50,11 +50,18 @@ const sendWait = 2 * time.Millisecond
 
 // awaitSends waits, up to sendWait, until the replies of the last forward
 // have been sent, then yields once so gRPC's writer goroutine can put them
-// on the socket. A gate that times out is left to its late releases and a
-// fresh one taken for the next forward. Called without schedMu held.
+// on the socket. A wait that runs out means a peer is slow to read (its
+// send blocked on flow control): forwards then stop waiting, so the others'
+// sessions do not pay sendWait on every forward, until a check finds every
+// reply counted since sent or dropped (the stream cut off). Called without
+// schedMu held.
 func (d *driver) awaitSends() {
 	g := d.gate
 	if g.left.Load() == 0 {
+		d.sendStuck = false
+		return
+	}
+	if d.sendStuck {
 		return
 	}
 	start := time.Now()
@@ -70,7 +77,7 @@ func (d *driver) awaitSends() {
 		select {
 		case <-g.done: // may be a stale token: the loop checks again
 		case <-d.sendTimer.C:
-			d.gate = newSendGate()
+			d.sendStuck = true
 			d.stats.SendWaitsExpired++
 			return
 		}

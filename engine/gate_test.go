@@ -41,21 +41,34 @@ func TestAwaitSendsUntilReleased(t *testing.T) {
 
 func TestAwaitSendsBounded(t *testing.T) {
 	d := &driver{gate: newSendGate()}
-	old := d.gate
-	old.add() // a reply whose peer never reads
+	g := d.gate
+	g.add() // a reply whose peer does not read
 	start := time.Now()
 	d.awaitSends()
 	if took := time.Since(start); took < sendWait {
 		t.Fatalf("gave up after %v, before the %v bound", took, sendWait)
 	}
-	if d.gate == old || d.stats.SendWaitsExpired != 1 {
-		t.Fatalf("after expiry: same gate %v, expired %d", d.gate == old, d.stats.SendWaitsExpired)
+	if d.stats.SendWaitsExpired != 1 || !d.sendStuck {
+		t.Fatalf("after the bound: expired %d, stuck %v", d.stats.SendWaitsExpired, d.sendStuck)
 	}
-	// The late release lands on the old gate; the next forward does not wait.
-	old.release()
+	// While that reply is out, forwards do not wait, even for new replies.
+	g.add()
 	d.awaitSends()
 	if d.stats.SendWaits != 1 {
-		t.Fatalf("waited again: %d waits", d.stats.SendWaits)
+		t.Fatalf("waited again while a peer was stuck: %d waits", d.stats.SendWaits)
+	}
+	// Once everything counted has left, forwards wait again.
+	g.release()
+	g.release()
+	d.awaitSends()
+	if d.sendStuck {
+		t.Fatal("still not waiting after every reply left")
+	}
+	g.add()
+	go g.release()
+	d.awaitSends()
+	if n := g.left.Load(); n != 0 || d.stats.SendWaitsExpired != 1 {
+		t.Fatalf("after the peer read: %d unsent, expired %d", n, d.stats.SendWaitsExpired)
 	}
 }
 

@@ -145,7 +145,7 @@ func (e *Engine) initObserver(tp trace.TracerProvider, mp metric.MeterProvider) 
 		gauge("shardd.idle_poll.spun", "seconds the --idle-poll threads have spun on the forward's CPUs since start, at the lowest priority (CPU time a halted vCPU would have given the host)", func() float64 { return ip.Spun().Seconds() })
 	}
 	counter("shardd.frameout.waits", "forwards that first waited for the last forward's results to be sent (a hop's next forward would hold its CPU from the senders)", func() int64 { return e.Stats().SendWaits })
-	counter("shardd.frameout.waits_expired", "of those, waits that gave up at their 2 ms bound (a peer slow to read)", func() int64 { return e.Stats().SendWaitsExpired })
+	counter("shardd.frameout.waits_expired", "of those, waits that gave up at their 2 ms bound (a peer slow to read: forwards then stop waiting until every result counted since has left)", func() int64 { return e.Stats().SendWaitsExpired })
 	gauge("shardd.frameout.waited", "seconds forwards have waited for the last forward's results to be sent since start", func() float64 { return e.Stats().SendWaited.Seconds() })
 	gauge("shardd.forward.busy", "seconds spent in forward calls since start (its rate is the backend's utilization)", func() float64 { return e.Stats().Busy.Seconds() })
 	counter("shardd.preemptions", "prefill iterations stopped for a decode step", func() int64 { return e.Stats().Preemptions })
