@@ -50,8 +50,8 @@
 //	  share; prompt-only sessions not counted                                                                   sched/testdata/hold_ignores_prompt_only_sessions
 //	the last forward's results are sent before  -                          shardd.frameout.waits, .waited,      TestAwaitSendsUntilReleased,
 //	  the next forward takes the CPU (up to                                shardd.frameout.waits_expired        TestAwaitSendsBounded,
-//	  2 ms; none while a peer is slow to read;                                                                  TestSendGateReleasedOnEveryPath
-//	  gate.go)
+//	  2 ms; none while a peer is slow to read;                                                                  TestSendGateDroppedReplies,
+//	  gate.go)                                                                                                  TestSendGateReleasedOnEveryPath
 //	decode rows in KV sequence order            -                          -                                    sched/testdata/decode_rows_in_sequence_order
 //	a decode step stops a prefill-only          -                          shardd.preemptions                   sched/testdata/preemption,
 //	  iteration; not twice in a row, nor one                                                                    sched/testdata/burst_not_preempted,
