@@ -24,10 +24,11 @@ import (
 
 // BenchmarkRoutePipeline: issue 16's pipelining targets with no processes.
 // N concurrent greedy generations (8-token prompts, 64 tokens) through:
-//   - route: the bench model cut in two by cost, attention over the
-//     sessions' cells included (`split --by cost --kv-cells N x 72`;
-//     SHARDD_BENCH_RANGES sets another cut), one worker per shard at 1
-//     thread, behind the route client;
+//   - route: the bench model cut in two by cost, attention over a
+//     session's cells included (`split --by cost --kv-cells 72`: the
+//     bench preset at 0:8, SmolLM2 at 0:19; SHARDD_BENCH_RANGES sets
+//     another cut), one worker per shard at 1 thread, behind the route
+//     client;
 //   - unsplit-1t, unsplit-2t: the whole model on one worker at 1 and at 2
 //     threads, behind the route client;
 //   - inproc-1t: the whole model at 1 thread in this process, no wire, no
@@ -166,7 +167,7 @@ func routePipeline(b *testing.B, sessions int) {
 	needTwoCPUs(b)
 	const promptLen, outLen = 8, 64
 	model := benchModel(b)
-	shards := pipelineShards(b, model, sessions*(promptLen+outLen))
+	shards := pipelineShards(b, model, promptLen+outLen)
 	load := func(path string, threads int) (*llamacpp.Backend, gguf.Meta) {
 		meta, err := gguf.Read(path)
 		if err != nil {
@@ -448,7 +449,7 @@ func BenchmarkForwardBeside(b *testing.B) {
 	needTwoCPUs(b)
 	const rows, past = 16, 8
 	model := benchModel(b)
-	shards := pipelineShards(b, model, 32*72)
+	shards := pipelineShards(b, model, 72)
 	var bes [2]*llamacpp.Backend
 	for i, p := range shards {
 		var err error

@@ -56,13 +56,18 @@ func (c Cost) Of(r Range) int64 {
 }
 
 // WithKV is c with each layer's attention over cells KV cells added: the
-// work a decode row does beside the weights when the cells of every
-// session in flight share one buffer (llama.cpp's unified KV cache: a row
-// attends over the whole occupied range, masked). With many sessions that
-// is no longer small against the weights, and it falls on every layer but
-// not on the head, so a cut balanced on weights alone leaves the first
-// shards heavier. Sliding-window layers are counted as attending over
-// every cell.
+// work a decode row does beside the weights, which falls on every layer
+// but not on the head, so with enough cells a cut balanced on weights
+// alone leaves the first shards heavier. cells is what one row attends
+// over. In llama.cpp's unified KV cache a row's view spans every session's
+// cells, masked; on the CPU, shardd's flash attention skips the cells
+// hidden from a row 32 at a time (cpu-fa-skip-hidden.patch), so a row
+// costs about its own session's cells: pass one session's length (8 + 64
+// = 72), not the cache's (32 x 72), which moved the cost-balanced cuts of
+// the bench preset and SmolLM2 a layer or two early (PERF.md, "Pipeline").
+// Where attention walks the whole view (a backend without that patch),
+// pass the sessions in flight times their length. Sliding-window layers
+// are counted as attending over every cell.
 func (c Cost) WithKV(cells int) Cost {
 	out := c
 	out.Layers = slices.Clone(c.Layers)

@@ -4,8 +4,8 @@
 # 32 sessions of 8-token prompts and 64 tokens, in interleaved rounds, with
 # the ceiling read in the same rounds (shardd bench --ceiling):
 #   pipeline.sh SHARDD OUT_DIR ROUNDS
-#   bench preset (generated, bf16)  --ranges 0:7,7:12   12 s rounds
-#   SmolLM2-135M Q4_1               --ranges 0:17,17:30  20 s rounds
+#   bench preset (generated, bf16)  --ranges 0:8,8:12   12 s rounds
+#   SmolLM2-135M Q4_1               --ranges 0:19,19:30  20 s rounds
 # Writes OUT_DIR/MODEL.txt and OUT_DIR/MODEL.json (the harness's reports)
 # and prints each model's ratio, ceiling and share, how far the host's
 # memory read speed moved in each round, the pace the route's cores
@@ -25,5 +25,5 @@ run() { # NAME MODEL RANGES DURATION
   sed -n '/^pipeline ceiling/,/median/p' "$out/$1.txt"
   grep '^host: memory\|^host: each run' "$out/$1.txt" || true
 }
-run bench-preset "$preset" 0:7,7:12 12s
-run smollm2 "$smol" 0:17,17:30 20s
+run bench-preset "$preset" 0:8,8:12 12s
+run smollm2 "$smol" 0:19,19:30 20s
