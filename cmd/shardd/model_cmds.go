@@ -112,7 +112,8 @@ func addCutFlags(fs *flag.FlagSet, context string) cutFlags {
 		by:         fs.String("by", "layers", "with --shards: 'layers' (near-equal layer counts) or 'cost' (near-equal multiply-adds a row, the output head on the last shard)"),
 		kvCells: fs.Int("kv-cells", 0, "with --by cost: also weigh each layer's attention over this many KV cells a decode\n"+
 			"row attends: on the CPU one session's full length (e.g. 8 + 64 = 72; the kernel skips other sessions'\n"+
-			"cells), elsewhere the sessions in flight times it (32 x 72 = 2304); 0 weighs the weights alone"),
+			"cells); where attention walks every cell, the sessions in flight times it (32 x 72 = 2304); 0 weighs\n"+
+			"the weights alone"),
 	}
 }
 
