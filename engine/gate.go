@@ -48,13 +48,13 @@ func (g *sendGate) release() {
 // send blocked on HTTP/2 flow control) costs a forward little.
 const sendWait = 2 * time.Millisecond
 
-// awaitSends waits, up to sendWait, until every counted reply has been
-// sent, then yields once so gRPC's writer goroutine can put them on the
-// socket (the spans time Send's return, not the write). A wait that runs out means a peer is slow to read (its
-// send blocked on flow control): forwards then stop waiting, so the others'
-// sessions do not pay sendWait on every forward, until a check finds every
-// reply counted since sent or dropped (the stream cut off). Called without
-// schedMu held.
+// awaitSends waits, up to sendWait, until every counted reply has been sent,
+// then yields once so gRPC's writer goroutine can put them on the socket
+// (the spans time Send's return, not the write). A wait that runs out means
+// a peer is slow to read (its send blocked on flow control): forwards then
+// stop waiting, so the others' sessions do not pay sendWait on every
+// forward, until a check finds every reply counted since sent or dropped
+// (the stream cut off). Called without schedMu held.
 func (d *driver) awaitSends() {
 	g := d.gate
 	if g.left.Load() == 0 {
