@@ -24,9 +24,9 @@ import (
 
 // BenchmarkRoutePipeline: issue 16's pipelining targets with no processes.
 // N concurrent greedy generations (8-token prompts, 64 tokens) through:
-//   - route: the bench model cut in two by cost, attention over a
-//     session's cells included (`split --by cost --kv-cells 72`: the
-//     bench preset at 0:8, SmolLM2 at 0:19; SHARDD_BENCH_RANGES sets
+//   - route: the bench model cut in two by time at 16 rows, attention
+//     over a session's cells included (`split --by time --kv-cells 72`:
+//     the bench preset at 0:8, SmolLM2 at 0:18; SHARDD_BENCH_RANGES sets
 //     another cut), one worker per shard at 1 thread, behind the route
 //     client;
 //   - unsplit-1t, unsplit-2t: the whole model on one worker at 1 and at 2
@@ -129,8 +129,9 @@ func pinThread(cpu int) error {
 }
 
 // pipelineShards are model's two shards for the pipeline benchmarks: cut
-// by cost with attention over cells KV cells (`split --by cost --kv-cells
-// cells`), or at SHARDD_BENCH_RANGES (e.g. "0:8,8:12").
+// by time at a group of 16 rows on 1 thread, with attention over cells KV
+// cells (`split --by time --kv-cells cells`), or at SHARDD_BENCH_RANGES
+// (e.g. "0:8,8:12").
 func pipelineShards(b *testing.B, model string, cells int) []string {
 	var ranges []gguf.Range
 	if v := os.Getenv("SHARDD_BENCH_RANGES"); v != "" {
@@ -143,7 +144,11 @@ func pipelineShards(b *testing.B, model string, cells int) []string {
 		if err != nil {
 			b.Fatal(err)
 		}
-		ranges = gguf.BalancedRanges(cost.WithKV(cells), 2)
+		if cost, err = llamacpp.TimeCost(model, cost, cells, 16, 1, 9); err != nil {
+			b.Fatal(err)
+		}
+		ranges = gguf.BalancedRanges(cost, 2)
+		b.Logf("cut by time: %v", ranges)
 	}
 	if len(ranges) != 2 {
 		b.Fatalf("the pipeline benchmarks take two ranges, not %d", len(ranges))

@@ -32,6 +32,26 @@ type Cost struct {
 	// mixture-of-experts layer counts every expert, though a step reads
 	// only those its tokens are routed to.)
 	Align int
+	// Heads (each layer's query heads) and HeadDim (the longer of a
+	// head's key and value) shape a layer's attention, for timing it.
+	Heads   []int
+	HeadDim int
+}
+
+// Timed is c weighed by time instead of multiply-adds: layer i costs
+// layer(i), the head head, in whatever unit those are (split --by time:
+// picoseconds a forward, measured on this CPU). Multiply-adds misweigh
+// matrices of different types and sizes: on the Intel host SmolLM2's
+// Q8_0 output head took 0.7x the time a multiply-add of its Q4_1 layers
+// took, so its cut by cost (0:19) left the first hop the bottleneck
+// (PERF.md, "Pipeline"). The result has no PerCell: layer(i) carries the
+// layer's attention.
+func (c Cost) Timed(layer func(i int) int64, head int64) Cost {
+	out := Cost{Layers: make([]int64, len(c.Layers)), Head: head, Align: c.Align, Heads: c.Heads, HeadDim: c.HeadDim}
+	for i := range out.Layers {
+		out.Layers[i] = layer(i)
+	}
+	return out
 }
 
 // Total is the whole model's cost.
@@ -113,10 +133,11 @@ func ReadCost(path string) (Cost, error) {
 	kv := g.KV()
 	heads := kv.HeadCount()
 	kvLen := int64(kv.EmbeddingHeadCountK() + kv.EmbeddingHeadCountV()) // key + value length
-	c.PerCell = make([]int64, len(c.Layers))
+	c.HeadDim = int(max(kv.EmbeddingHeadCountK(), kv.EmbeddingHeadCountV()))
+	c.PerCell, c.Heads = make([]int64, len(c.Layers)), make([]int, len(c.Layers))
 	for i := range c.PerCell {
 		if c.Layers[i] > 0 && i < len(heads) {
-			c.PerCell[i] = int64(heads[i]) * kvLen
+			c.PerCell[i], c.Heads[i] = int64(heads[i])*kvLen, int(heads[i])
 		}
 	}
 	shardNotLast := kv.String(KeySourceDigest) != "" && kv.Uint(KeyEndLayer) != kv.Uint(KeyTotalLayers)

@@ -101,6 +101,8 @@ type cutFlags struct {
 	shards     *int
 	by         *string
 	kvCells    *int
+	timeRows   *int
+	timeThrds  *int
 }
 
 // addCutFlags defines the cut flags on fs, their help prefixed with
@@ -109,18 +111,22 @@ func addCutFlags(fs *flag.FlagSet, context string) cutFlags {
 	return cutFlags{
 		rangesFlag: fs.String("ranges", "", context+"comma-separated START:END layer ranges, e.g. 0:8,8:12"),
 		shards:     fs.Int("shards", 0, context+"split into N shards instead (see --by)"),
-		by:         fs.String("by", "layers", "with --shards: 'layers' (near-equal layer counts) or 'cost' (near-equal multiply-adds a row, the output head on the last shard)"),
-		kvCells: fs.Int("kv-cells", 0, "with --by cost: also weigh each layer's attention over this many KV cells a decode\n"+
+		by: fs.String("by", "layers", "with --shards: 'layers' (near-equal layer counts), 'cost' (near-equal multiply-adds a row, the\n"+
+			"output head on the last shard) or 'time' (near-equal time, each matrix's type and shape and each\n"+
+			"layer's attention timed on this CPU at --time-rows rows: types differ in speed per multiply-add)"),
+		kvCells: fs.Int("kv-cells", 0, "with --by cost or time: also weigh each layer's attention over this many KV cells a decode\n"+
 			"row attends: on the CPU one session's full length (e.g. 8 + 64 = 72; the kernel skips other sessions'\n"+
 			"cells); where attention walks every cell, the sessions in flight times it (32 x 72 = 2304); 0 weighs\n"+
 			"the weights alone"),
+		timeRows:  fs.Int("time-rows", 16, "with --by time: rows a timed forward carries (a stage's decode group: the sessions in flight over the stages)"),
+		timeThrds: fs.Int("time-threads", 1, "with --by time: threads the timed ops run on (a worker's --threads)"),
 	}
 }
 
 // ranges is where the flags cut model.
 func (c cutFlags) ranges(model string) ([]gguf.Range, error) {
-	if *c.kvCells < 0 || (*c.kvCells > 0 && (*c.by != "cost" || *c.shards == 0)) {
-		return nil, fmt.Errorf("--kv-cells goes with --shards N --by cost, and is 0 or more")
+	if *c.kvCells < 0 || (*c.kvCells > 0 && (*c.by == "layers" || *c.shards == 0)) {
+		return nil, fmt.Errorf("--kv-cells goes with --shards N --by cost or time, and is 0 or more")
 	}
 	switch {
 	case *c.rangesFlag != "" && *c.shards != 0:
@@ -140,22 +146,31 @@ func (c cutFlags) ranges(model string) ([]gguf.Range, error) {
 	switch *c.by {
 	case "layers":
 		return meta.EvenRanges(*c.shards)
-	case "cost":
+	case "cost", "time":
 		cost, err := gguf.ReadCost(model)
 		if err != nil {
 			return nil, err
 		}
-		rs := gguf.BalancedRanges(cost.WithKV(*c.kvCells), *c.shards)
+		if *c.by == "cost" {
+			cost = cost.WithKV(*c.kvCells)
+		} else if cost, err = llamacpp.TimeCost(model, cost, *c.kvCells, *c.timeRows, *c.timeThrds, timeReps); err != nil {
+			return nil, err
+		}
+		rs := gguf.BalancedRanges(cost, *c.shards)
 		if rs == nil {
 			return nil, fmt.Errorf("cannot cut %d layers into %d shards that start on multiples of %d", meta.BlockCount, *c.shards, cost.Align)
 		}
 		return rs, nil
 	}
-	return nil, fmt.Errorf("--by %q: want layers or cost", *c.by)
+	return nil, fmt.Errorf("--by %q: want layers, cost or time", *c.by)
 }
 
+// timeReps is how often --by time runs each op it times (the median
+// weighs).
+const timeReps = 9
+
 func runSplit(args []string) error {
-	fs := newFlags("split", "--model FULL.gguf (--ranges 0:6,6:12 | --shards N [--by cost [--kv-cells N]]) [--out-dir DIR]",
+	fs := newFlags("split", "--model FULL.gguf (--ranges 0:6,6:12 | --shards N [--by cost|time [--kv-cells N]]) [--out-dir DIR]",
 		"Writes one GGUF per layer range, named <model>.<start>-<end>.gguf, and prints their paths in order.")
 	model := fs.String("model", "", "whole model GGUF")
 	cut := addCutFlags(fs, "")
@@ -193,8 +208,10 @@ func runSplit(args []string) error {
 }
 
 func runInspect(args []string) error {
-	fs := newFlags("inspect", "[--kv-cells N] FILE.gguf", "Prints the architecture, dimensions, layer range and digests of a model or shard.")
+	fs := newFlags("inspect", "[--kv-cells N] [--time-rows N] FILE.gguf", "Prints the architecture, dimensions, layer range and digests of a model or shard.")
 	kvCells := fs.Int("kv-cells", 0, "weigh each layer's attention over this many KV cells too (see split --kv-cells)")
+	timeRows := fs.Int("time-rows", 0, "also weigh the model by time on this CPU, at this many rows a forward (see split --by time)")
+	timeThreads := fs.Int("time-threads", 1, "with --time-rows: threads the timed ops run on")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -243,7 +260,31 @@ func runInspect(args []string) error {
 		return err
 	}
 	printCost(m, c, *kvCells)
+	if *timeRows > 0 && !m.IsShard {
+		t, err := llamacpp.TimeCost(fs.Arg(0), c, *kvCells, *timeRows, *timeThreads, timeReps)
+		if err != nil {
+			return err
+		}
+		ms := func(ps int64) string { return fmt.Sprintf("%.2f ms", float64(ps)/1e9) }
+		fmt.Printf("time:          a forward of %d rows on %d thread(s) %s: layers %s to %s, output head %s\n", *timeRows, *timeThreads,
+			ms(t.Total()), ms(slices.Min(t.Layers)), ms(slices.Max(t.Layers)), ms(t.Head))
+		for k := 2; k <= min(4, len(t.Layers)); k++ {
+			fmt.Printf("%d shards:      by time %s\n", k, shares(t, gguf.BalancedRanges(t, k)))
+		}
+	}
 	return nil
+}
+
+// shares lists rs with each range's share of c.
+func shares(c gguf.Cost, rs []gguf.Range) string {
+	if len(rs) == 0 {
+		return "none (the layer pattern allows no such cut)"
+	}
+	var parts []string
+	for _, r := range rs {
+		parts = append(parts, fmt.Sprintf("%s %.0f%%", r, 100*float64(c.Of(r))/float64(c.Total())))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // printCost prints what inspect says about compute: the multiply-adds a
@@ -271,19 +312,9 @@ func printCost(m gguf.Meta, c gguf.Cost, cells int) {
 		fmt.Printf("share:         about %.0f%% of the whole model's (if its other layers weigh as these do)\n", 100*float64(c.Total())/float64(whole))
 		return
 	}
-	share := func(rs []gguf.Range) string {
-		if len(rs) == 0 {
-			return "none (the layer pattern allows no such cut)"
-		}
-		var parts []string
-		for _, r := range rs {
-			parts = append(parts, fmt.Sprintf("%s %.0f%%", r, 100*float64(c.Of(r))/float64(c.Total())))
-		}
-		return strings.Join(parts, ", ")
-	}
 	for k := 2; k <= min(4, len(c.Layers)); k++ {
 		even, _ := gguf.Meta{BlockCount: len(c.Layers), Align: c.Align}.EvenRanges(k)
-		fmt.Printf("%d shards:      by layers %s; by cost %s\n", k, share(even), share(gguf.BalancedRanges(c, k)))
+		fmt.Printf("%d shards:      by layers %s; by cost %s\n", k, shares(c, even), shares(c, gguf.BalancedRanges(c, k)))
 	}
 }
 

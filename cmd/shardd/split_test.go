@@ -63,3 +63,36 @@ func TestSplitByCostWithKVCells(t *testing.T) {
 		}
 	}
 }
+
+// `split --by time` cuts where this CPU's times balance, with or without
+// --kv-cells: two shards that cover the layers in order.
+func TestSplitByTime(t *testing.T) {
+	spec := gguf.Presets["tiny"]
+	spec.Vocab *= 8
+	model := filepath.Join(t.TempDir(), "tiny-wide-head.gguf")
+	if err := gguf.Generate(model, spec); err != nil {
+		t.Fatal(err)
+	}
+	for _, cells := range []string{"0", "72"} {
+		out := t.TempDir()
+		if err := runSplit([]string{"--model", model, "--shards", "2", "--by", "time", "--kv-cells", cells, "--time-rows", "8", "--out-dir", out, "--quiet"}); err != nil {
+			t.Fatal(err)
+		}
+		matches, _ := filepath.Glob(filepath.Join(out, "*.gguf"))
+		slices.Sort(matches)
+		next := 0
+		for _, m := range matches {
+			meta, err := gguf.Read(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if meta.Start != next {
+				t.Errorf("kv cells %s: shard %s starts at %d, want %d", cells, m, meta.Start, next)
+			}
+			next = meta.End
+		}
+		if len(matches) != 2 || next != spec.Layers {
+			t.Errorf("kv cells %s: %d shards ending at %d: %v", cells, len(matches), next, matches)
+		}
+	}
+}
