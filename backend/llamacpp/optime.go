@@ -109,5 +109,9 @@ func TimeCost(path string, c gguf.Cost, cells, rows, threads, reps int) (gguf.Co
 		slices.Sort(d)
 		return d[len(d)/2].Nanoseconds() * 1000
 	}
-	return c.Timed(func(i int) int64 { return median(pooled[kindOf(i)]) }, median(parts[layers])), nil
+	head := median(parts[layers])
+	if c.Head == 0 {
+		head = 0 // a shard before the last: its token embedding is no head
+	}
+	return c.Timed(func(i int) int64 { return median(pooled[kindOf(i)]) }, head), nil
 }
