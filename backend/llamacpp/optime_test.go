@@ -40,7 +40,7 @@ func TestTimeCost(t *testing.T) {
 						cells, len(tc.Layers), spec.Layers, tc.Head, tc.Align, c.Align, tc.PerCell)
 				}
 				for i, l := range tc.Layers {
-					if l <= 0 || (name != "gemma3" && l != tc.Layers[0]) {
+					if l <= 0 || l != tc.Layers[0] {
 						t.Errorf("cells %d: layer %d weighs %d ps, layer 0 %d (the same matrices)", cells, i, l, tc.Layers[0])
 					}
 				}
