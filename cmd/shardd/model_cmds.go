@@ -210,7 +210,7 @@ func runSplit(args []string) error {
 func runInspect(args []string) error {
 	fs := newFlags("inspect", "[--kv-cells N] [--time-rows N] FILE.gguf", "Prints the architecture, dimensions, layer range and digests of a model or shard.")
 	kvCells := fs.Int("kv-cells", 0, "weigh each layer's attention over this many KV cells too (see split --kv-cells)")
-	timeRows := fs.Int("time-rows", 0, "also weigh the model by time on this CPU, at this many rows a forward (see split --by time)")
+	timeRows := fs.Int("time-rows", 0, "a whole model: also weigh it by time on this CPU, at this many rows a forward (see split --by time)")
 	timeThreads := fs.Int("time-threads", 1, "with --time-rows: threads the timed ops run on")
 	if err := fs.Parse(args); err != nil {
 		return err
