@@ -109,7 +109,7 @@ shardd_timed *shardd_timed_model(const char *path, int32_t layers, int32_t n) {
         struct ggml_tensor *w2 = ggml_n_dims(w) == 2 ? w : ggml_reshape_2d(t->ctx, w, w->ne[0], ggml_nrows(w));
         if (t->graphs[p] == NULL) t->graphs[p] = ggml_new_graph(t->ctx);
         ggml_build_forward_expand(t->graphs[p], ggml_mul_mat(t->ctx, w2, x));
-        uint64_t h = t->shapes[p] ^ 14695981039346656037ull; // FNV-1a over type and shape
+        uint64_t h = t->shapes[p] != 0 ? t->shapes[p] : 14695981039346656037ull; // FNV-1a over types and shapes
         int64_t key[5] = {w->type, w->ne[0], w->ne[1], w->ne[2], w->ne[3]};
         for (size_t i = 0; i < sizeof key; i++) h = (h ^ ((const uint8_t *)key)[i]) * 1099511628211ull;
         t->shapes[p] = h;

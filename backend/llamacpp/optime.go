@@ -94,16 +94,14 @@ func TimeCost(path string, c gguf.Cost, cells, rows, threads, reps int) (gguf.Co
 		shape uint64
 		heads int
 	}
+	kinds := make([]kind, layers)
 	pooled := map[kind][]time.Duration{}
-	kindOf := func(p int) kind {
-		k := kind{shape: uint64(C.shardd_timed_shape(model, C.int32_t(p)))}
+	for p := range kinds {
+		kinds[p].shape = uint64(C.shardd_timed_shape(model, C.int32_t(p)))
 		if p < len(c.Heads) {
-			k.heads = c.Heads[p]
+			kinds[p].heads = c.Heads[p]
 		}
-		return k
-	}
-	for p := range layers {
-		pooled[kindOf(p)] = append(pooled[kindOf(p)], parts[p]...)
+		pooled[kinds[p]] = append(pooled[kinds[p]], parts[p]...)
 	}
 	median := func(d []time.Duration) int64 {
 		slices.Sort(d)
@@ -113,5 +111,5 @@ func TimeCost(path string, c gguf.Cost, cells, rows, threads, reps int) (gguf.Co
 	if c.Head == 0 {
 		head = 0 // a shard before the last: its token embedding is no head
 	}
-	return c.Timed(func(i int) int64 { return median(pooled[kindOf(i)]) }, head), nil
+	return c.Timed(func(i int) int64 { return median(pooled[kinds[i]]) }, head), nil
 }

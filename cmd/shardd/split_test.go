@@ -11,17 +11,9 @@ import (
 
 // `split --by cost --kv-cells N` cuts where the cost with attention over N
 // cells balances, which is not where the weights alone do once N is large
-// enough; --kv-cells without --by cost is refused.
+// enough; --kv-cells by layers or at --ranges is refused.
 func TestSplitByCostWithKVCells(t *testing.T) {
-	// The tiny preset with a vocabulary 8 times as large: an output head
-	// that outweighs three layers, so the weights alone leave the last
-	// shard fewer layers.
-	spec := gguf.Presets["tiny"]
-	spec.Vocab *= 8
-	model := filepath.Join(t.TempDir(), "tiny-wide-head.gguf")
-	if err := gguf.Generate(model, spec); err != nil {
-		t.Fatal(err)
-	}
+	model, _ := wideHeadTiny(t)
 	c, err := gguf.ReadCost(model)
 	if err != nil {
 		t.Fatal(err)
@@ -67,12 +59,7 @@ func TestSplitByCostWithKVCells(t *testing.T) {
 // `split --by time` cuts where this CPU's times balance, with or without
 // --kv-cells: two shards that cover the layers in order.
 func TestSplitByTime(t *testing.T) {
-	spec := gguf.Presets["tiny"]
-	spec.Vocab *= 8
-	model := filepath.Join(t.TempDir(), "tiny-wide-head.gguf")
-	if err := gguf.Generate(model, spec); err != nil {
-		t.Fatal(err)
-	}
+	model, spec := wideHeadTiny(t)
 	for _, cells := range []string{"0", "72"} {
 		out := t.TempDir()
 		if err := runSplit([]string{"--model", model, "--shards", "2", "--by", "time", "--kv-cells", cells, "--time-rows", "8", "--out-dir", out, "--quiet"}); err != nil {
@@ -95,4 +82,17 @@ func TestSplitByTime(t *testing.T) {
 			t.Errorf("kv cells %s: %d shards ending at %d: %v", cells, len(matches), next, matches)
 		}
 	}
+}
+
+// wideHeadTiny generates the tiny preset with a vocabulary 8 times as
+// large: an output head that outweighs three layers, so the weights alone
+// leave the last shard fewer layers.
+func wideHeadTiny(t *testing.T) (string, gguf.Spec) {
+	spec := gguf.Presets["tiny"]
+	spec.Vocab *= 8
+	model := filepath.Join(t.TempDir(), "tiny-wide-head.gguf")
+	if err := gguf.Generate(model, spec); err != nil {
+		t.Fatal(err)
+	}
+	return model, spec
 }
