@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -445,11 +446,19 @@ func pipeCeilingRun(stages [2]backend.Backend, sessions, outLen, groups int, pro
 // ("alone"), spins in Go ("spin": CPU 1 busy, memory quiet), runs eight
 // independent floating-point chains in Go ("fpu": CPU 1's FP units busy),
 // copies a 256 MiB buffer ("stream": the memory bus busy), or loops the
-// second shard's 16-row forward ("forward": a pipeline's other stage). Each op times
-// every case in turn (eight forwards each, the order rotating); reported
-// are each case's median time and the median of its per-op ratio to
-// "alone". On a machine whose two CPUs are two cores with bandwidth to
-// spare, every ratio is near 1.
+// second shard's 16-row forward ("forward": a pipeline's other stage), or
+// that forward with a 5 ms sleep after each ("forward-gap": the stage's
+// CPU halts between forwards, as a pipeline's hops do). A case named
+// "gap:X" is X with CPU 0 sleeping 5 ms after each timed forward too; its
+// ratio is to "gap:alone" where that case runs. Each op times every case in
+// turn (eight forwards each, the order rotating); reported are each case's
+// median time and the median of its per-op ratio. On a machine whose two
+// CPUs are two cores with bandwidth to spare, every ratio is near 1.
+//
+// SHARDD_BESIDE_CASES picks the cases (comma-separated, e.g.
+// alone,forward,gap:alone,gap:forward-gap) and SHARDD_BESIDE_FORWARDS the
+// forwards a case times: at 80 a case lasts some seconds, long enough for
+// a host's scheduler to act on CPU 1's load, which eight forwards are not.
 func BenchmarkForwardBeside(b *testing.B) {
 	needTwoCPUs(b)
 	const rows, past = 16, 8
@@ -519,6 +528,7 @@ func BenchmarkForwardBeside(b *testing.B) {
 	// when it has stopped.
 	beside := func(other string, stop <-chan struct{}, started chan<- error, finished chan<- struct{}) {
 		defer close(finished)
+		other = strings.TrimPrefix(other, "gap:")
 		if err := pinThread(1); err != nil || other == "alone" {
 			started <- err
 			return
@@ -582,10 +592,27 @@ func BenchmarkForwardBeside(b *testing.B) {
 			if step(bes[1], bt, &out, i) != nil {
 				return
 			}
+			if other == "forward-gap" {
+				time.Sleep(besideGap)
+			}
 		}
 	}
 	streamBuf = make([]byte, 256<<20)
 	cases := []string{"alone", "spin", "fpu", "stream", "forward"}
+	if c := os.Getenv("SHARDD_BESIDE_CASES"); c != "" {
+		cases = strings.Split(c, ",")
+	}
+	known := map[string]bool{"alone": true, "spin": true, "fpu": true, "stream": true, "forward": true, "forward-gap": true}
+	base := map[string]string{}
+	for _, c := range cases {
+		if !known[strings.TrimPrefix(c, "gap:")] {
+			b.Fatalf("SHARDD_BESIDE_CASES: no case %q", c)
+		}
+		base[c] = "alone"
+		if strings.HasPrefix(c, "gap:") && slices.Contains(cases, "gap:alone") {
+			base[c] = "gap:alone"
+		}
+	}
 	took, ratio := map[string][]float64{}, map[string][]float64{}
 	done := make(chan error)
 	go func() {
@@ -608,24 +635,28 @@ func BenchmarkForwardBeside(b *testing.B) {
 					if err := <-started; err != nil {
 						return err
 					}
-					const n = 8 // forwards per case, after one to settle
-					var t0 time.Time
+					n := besideForwards(b) // forwards per case, after one to settle
+					var spent time.Duration
 					for f := range n + 1 {
-						if f == 1 {
-							t0 = time.Now()
-						}
+						t0 := time.Now()
 						if err := step(bes[0], bt, &out, op+f); err != nil {
 							return err
 						}
+						if f > 0 {
+							spent += time.Since(t0)
+						}
+						if strings.HasPrefix(c, "gap:") {
+							time.Sleep(besideGap)
+						}
 					}
-					ms[c] = float64(time.Since(t0).Microseconds()) / 1e3 / n
+					ms[c] = float64(spent.Microseconds()) / 1e3 / float64(n)
 					close(stop)
 					<-finished
 				}
 				for _, c := range cases {
 					took[c] = append(took[c], ms[c])
-					if c != "alone" {
-						ratio[c] = append(ratio[c], ms[c]/ms["alone"])
+					if c != base[c] && ms[base[c]] > 0 {
+						ratio[c] = append(ratio[c], ms[c]/ms[base[c]])
 					}
 				}
 			}
@@ -637,11 +668,31 @@ func BenchmarkForwardBeside(b *testing.B) {
 	}
 	for _, c := range cases {
 		b.ReportMetric(medianF(took[c]), c+"-ms")
+		b.Logf("%s: %.1f ms a forward, op by op", c, took[c])
 	}
 	for c, r := range ratio {
-		b.ReportMetric(medianF(r), c+"/alone")
+		b.ReportMetric(medianF(r), c+"/"+base[c])
 	}
 }
+
+// besideForwards is how many forwards BenchmarkForwardBeside times in
+// each case: 8, or SHARDD_BESIDE_FORWARDS.
+func besideForwards(b *testing.B) int {
+	s := os.Getenv("SHARDD_BESIDE_FORWARDS")
+	if s == "" {
+		return 8
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		b.Fatalf("SHARDD_BESIDE_FORWARDS=%q: want a count", s)
+	}
+	return n
+}
+
+// besideGap is how long a "forward-gap" case's CPU 1, and a "gap:" case's
+// CPU 0, sleeps after each forward: about a pipeline's idle share of a
+// 16-row forward, so a vCPU halts between forwards as a pipeline's do.
+const besideGap = 5 * time.Millisecond
 
 // sink keeps the spin loop's result alive.
 var sink atomic.Uint64
