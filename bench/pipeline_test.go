@@ -451,8 +451,8 @@ func pipeCeilingRun(stages [2]backend.Backend, sessions, outLen, groups int, pro
 // CPU halts between forwards, as a pipeline's hops do). A case named
 // "gap:X" is X with CPU 0 sleeping 5 ms after each timed forward too; its
 // ratio is to "gap:alone" where that case runs. Each op times every case in
-// turn (eight forwards each, the order rotating); reported are each case's
-// median time and the median of its per-op ratio. On a machine whose two
+// turn (eight forwards each by default, the order rotating); reported are
+// each case's median time and the median of its per-op ratio. On a machine whose two
 // CPUs are two cores with bandwidth to spare, every ratio is near 1.
 //
 // SHARDD_BESIDE_CASES picks the cases (comma-separated, e.g.
@@ -613,6 +613,7 @@ func BenchmarkForwardBeside(b *testing.B) {
 			base[c] = "gap:alone"
 		}
 	}
+	n := besideForwards(b) // forwards a case, after one to settle
 	took, ratio := map[string][]float64{}, map[string][]float64{}
 	done := make(chan error)
 	go func() {
@@ -635,7 +636,6 @@ func BenchmarkForwardBeside(b *testing.B) {
 					if err := <-started; err != nil {
 						return err
 					}
-					n := besideForwards(b) // forwards per case, after one to settle
 					var spent time.Duration
 					for f := range n + 1 {
 						t0 := time.Now()
