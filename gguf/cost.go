@@ -44,8 +44,8 @@ type Cost struct {
 // matrices of different types and sizes: on the Intel host SmolLM2's
 // Q8_0 output head took 5.1-5.4 of its Q4_1 layers' time, not the 8 its
 // multiply-adds say, so its cut by cost (0:19) left the first hop the
-// bottleneck (PERF.md, "Pipeline"). The result has no PerCell: layer(i) carries the
-// layer's attention.
+// bottleneck (PERF.md, "Pipeline"). The result has no PerCell: layer(i)
+// carries the layer's attention.
 func (c Cost) Timed(layer func(i int) int64, head int64) Cost {
 	out := Cost{Layers: make([]int64, len(c.Layers)), Head: head, Align: c.Align, Heads: c.Heads, HeadDim: c.HeadDim}
 	for i := range out.Layers {

@@ -69,8 +69,12 @@ func TimeCost(path string, c gguf.Cost, cells, rows, threads, reps int) (gguf.Co
 		return 0, errors.New("llamacpp: a timed op failed")
 	}
 	parts := make([][]time.Duration, layers+1) // the layers, then the head
+	timed := len(parts)
+	if c.Head == 0 {
+		timed = layers // a shard before the last: its token embedding is no head
+	}
 	for r := range reps + 1 {
-		for p := range parts {
+		for p := range timed {
 			d, err := run(model, p)
 			if err != nil {
 				return gguf.Cost{}, err
@@ -107,9 +111,9 @@ func TimeCost(path string, c gguf.Cost, cells, rows, threads, reps int) (gguf.Co
 		slices.Sort(d)
 		return d[len(d)/2].Nanoseconds() * 1000
 	}
-	head := median(parts[layers])
-	if c.Head == 0 {
-		head = 0 // a shard before the last: its token embedding is no head
+	var head int64
+	if timed > layers {
+		head = median(parts[layers])
 	}
 	return c.Timed(func(i int) int64 { return median(pooled[kinds[i]]) }, head), nil
 }

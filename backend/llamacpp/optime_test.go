@@ -50,6 +50,25 @@ func TestTimeCost(t *testing.T) {
 			}
 		})
 	}
+	// A shard before the last weighs its layers and no head (its token
+	// embedding is none); the last shard weighs its head.
+	shards, err := gguf.Split(filepath.Join(dir, "wide.gguf"), gguf.EvenRanges(wide.Layers, 2), t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, sh := range shards {
+		c, err := gguf.ReadCost(sh)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc, err := TimeCost(sh, c, 0, 16, 1, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first := i == 0; len(tc.Layers) != wide.Layers/2 || (tc.Head == 0) != first {
+			t.Errorf("shard %d: %d layers, head %d ps", i, len(tc.Layers), tc.Head)
+		}
+	}
 	if _, err := TimeCost(filepath.Join(dir, "missing.gguf"), gguf.Cost{Layers: make([]int64, 6)}, 0, 16, 1, 1); err == nil {
 		t.Error("a missing file timed without error")
 	}
