@@ -36,7 +36,10 @@
 //     worker's forwards: its busy share and the idle before its forwards,
 //     charged to the kind of forward that ended the gap (a whole decode
 //     group, part of one, decode with prompt rows, prompt rows alone:
-//     telemetry.ForwardIdle), where a pipeline's bubbles show;
+//     telemetry.ForwardIdle), where a pipeline's bubbles show, and the
+//     decode groups' crossings into each hop in parts (the sender's
+//     frame-out, the relay through the head and the wire, the wait for
+//     the hop's forward: telemetry.Crossings), where a bubble's time goes;
 //   - errors by the worker's ErrorCode (or DEADLINE, CANCELED, TRANSPORT,
 //     SHED), retries and re-prefills after a cache miss;
 //   - the harness's own CPU time per generated token, so a reader can see
@@ -67,7 +70,8 @@
 // prompts and prompt_tokens_p50 (real prompts, lengths in the model's
 // tokens), sampling, seed, rounds, slo), targets (name, workers, ranges, threads,
 // cpus, links), runs (one Summary per target, level and round, in the
-// order run: see the json tags of Summary, Dist, HopSummary and HopIdle), medians
+// order run: see the json tags of Summary, Dist, HopSummary, HopIdle and
+// HopCrossing), medians
 // (per target and level over rounds: tokens/s, its spread, the ratio to
 // the first target, TTFT and ITL p99, goodput), sweep (levels and knee),
 // ceiling (--ceiling: route, baseline, hops and rows of concurrency, round

@@ -389,9 +389,12 @@ func TestFromSpansIdle(t *testing.T) {
 	if err := os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	stages, idle, err := fromSpans([]string{file}, []string{"w0", "w1"}, time.Time{}, time.Time{})
+	stages, idle, crossings, err := fromSpans([]string{file}, []string{"w0", "w1"}, time.Time{}, time.Time{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(crossings) != 2 || crossings[0].Groups+crossings[1].Groups != 0 {
+		t.Errorf("crossings %+v, want none: the steps have no sessions", crossings)
 	}
 	if len(stages) != 2 || stages[0]["forward"].Count != 42 {
 		t.Fatalf("stages %v, want w0's 42 forward spans", stages)
@@ -428,5 +431,63 @@ func TestFromSpansIdle(t *testing.T) {
 	}
 	if _, err := ReadBudget(budgetFile(t, "over.yaml", "hop[0].busy: 1.5\n")); !errors.Is(err, ErrInput) {
 		t.Errorf("a busy share over 1: err = %v, want ErrInput", err)
+	}
+}
+
+// TestFromSpansCrossings reads a route's crossings from its workers' span
+// files: per hop the decode groups that crossed into it, in parts.
+func TestFromSpansCrossings(t *testing.T) {
+	var lines []string
+	n := 0
+	// step writes one decode step of session sess on inst: its arrival,
+	// its forward and its frame-out end, in ms.
+	step := func(inst, sess string, arrived, start, end, sent float64) {
+		n++
+		id := fmt.Sprint("s", n)
+		ns := func(v float64) int64 { return int64(v * float64(time.Millisecond)) }
+		lines = append(lines,
+			fmt.Sprintf(`{"trace_id":"t","span_id":%q,"name":"shardd.step","instance":%q,"start_unix_nano":%d,"end_unix_nano":%d,"attributes":{"shardd.mode":"CACHE_MODE_DECODE","shardd.tokens":"1","shardd.route_session":%q}}`,
+				id, inst, ns(arrived), ns(sent), sess))
+		for _, sp := range []struct {
+			name       string
+			start, end float64
+		}{{"decode", arrived, arrived + 0.01}, {"forward", start, end}, {"frameout", end, sent}} {
+			lines = append(lines, fmt.Sprintf(`{"trace_id":"t","span_id":"%s%s","parent_span_id":%q,"name":%q,"instance":%q,"start_unix_nano":%d,"end_unix_nano":%d}`,
+				id, sp.name, id, sp.name, inst, ns(sp.start), ns(sp.end)))
+		}
+	}
+	// Two tokens of a group of two round a 2-hop route: w0 -> w1 takes
+	// 0.75 + 2.25 + 1 ms, and w1 -> w0 (through the head) between the two
+	// tokens 0.5 + 2 + 0.5 ms.
+	for tok := range 2 {
+		at := float64(tok) * 82
+		for i, sess := range []string{"a", "b"} {
+			off := float64(i) / 2
+			step("w0", sess, at+off, at+1, at+40, at+40.5+off/2)
+			step("w1", sess, at+42.5+off, at+44, at+80, at+80.5)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "spans.jsonl")
+	if err := os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, crossings, err := fromSpans([]string{file}, []string{"w0", "w1"}, time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(crossings) != 2 || crossings[1].Groups != 2 || crossings[0].Groups != 1 {
+		t.Fatalf("crossings %+v, want 2 groups into w1 and 1 into w0", crossings)
+	}
+	got := fmt.Sprintf("%.2f %.2f %.2f %.2f / %.2f %.2f %.2f %.2f",
+		crossings[1].Out.P50, crossings[1].Relay.P50, crossings[1].Wait.P50, crossings[1].Total.P50,
+		crossings[0].Out.P50, crossings[0].Relay.P50, crossings[0].Wait.P50, crossings[0].Total.P50)
+	if want := "0.75 2.25 1.00 4.00 / 0.50 2.00 0.50 3.00"; got != want {
+		t.Errorf("crossings into w1 / w0 (out, relay, wait, in all; p50 ms):\n got %s\nwant %s", got, want)
+	}
+	r := &Report{Runs: []*Summary{{Label: "route", Crossings: crossings}}}
+	var out strings.Builder
+	r.WriteText(&out)
+	if !regexp.MustCompile(`(?m)^ +1 +0 +2 +0\.75 ms / 0\.75 ms +2\.25 ms / 2\.25 ms +1\.00 ms / 1\.00 ms +4\.00 ms / 4\.00 ms$`).MatchString(out.String()) {
+		t.Errorf("report lacks the crossing into hop 1:\n%s", out.String())
 	}
 }

@@ -322,6 +322,7 @@ func (r *Report) WriteText(w io.Writer) {
 		tw.Flush()
 	}
 	r.writeIdle(w)
+	r.writeCrossings(w)
 	var errs []string
 	for _, s := range r.Runs {
 		for code, n := range s.ErrorsByCode {
@@ -495,6 +496,32 @@ func (r *Report) writeHost(w io.Writer) {
 	}
 	if len(parts) > 0 {
 		fmt.Fprintf(w, "\nhost: steal, the share of each run each pinned CPU waited for the host while it had work (a vCPU halted between forwards may wait at its next wakeup; serve --idle-poll): %s\n", strings.Join(parts, ", "))
+	}
+}
+
+// writeCrossings prints, per hop, the decode groups' crossings into it
+// (worker spans, --stages).
+func (r *Report) writeCrossings(w io.Writer) {
+	for _, s := range r.Runs {
+		groups := 0
+		for _, c := range s.Crossings {
+			groups += c.Groups
+		}
+		if groups == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\ncrossings into each hop of %s, a decode group at a time (worker spans, p50 / p90: the sender's frame-out, the relay\nthrough the head and the wire to the group's last arrival, the wait for the hop's forward, in all)\n", s.Label)
+		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "hop\tfrom\tgroups\tout\trelay\twait\tin all\t")
+		n := len(s.Crossings)
+		for i, c := range s.Crossings {
+			fmt.Fprintf(tw, "%d\t%d\t%d\t", i, (i+n-1)%n, c.Groups)
+			for _, d := range []Dist{c.Out, c.Relay, c.Wait, c.Total} {
+				fmt.Fprintf(tw, "%s / %s\t", msf(d.P50), msf(d.P90))
+			}
+			fmt.Fprintln(tw)
+		}
+		tw.Flush()
 	}
 }
 

@@ -338,7 +338,7 @@ func Run(ctx context.Context, t Target, w Workload, opts RunOptions) (*Summary, 
 		if len(inst) == 0 {
 			inst = t.Workers
 		}
-		if s.Stages, s.Idle, err = fromSpans(t.SpanFiles, inst, spanFrom, end); err != nil {
+		if s.Stages, s.Idle, s.Crossings, err = fromSpans(t.SpanFiles, inst, spanFrom, end); err != nil {
 			return nil, err
 		}
 	}

@@ -164,6 +164,10 @@ type Summary struct {
 	// Idle: per hop (in route order) its forwards in the measured window
 	// and the idle between them, from the same spans.
 	Idle []HopIdle `json:"idle,omitempty"`
+	// Crossings: per hop (in route order) the decode groups that crossed
+	// into it from the hop before it (hop 0: from the last, through the
+	// head), from the same spans; empty for one worker.
+	Crossings []HopCrossing `json:"crossings,omitempty"`
 	// HarnessCPUPerTokenMicros is the harness's own CPU time (user and
 	// system) per generated token.
 	HarnessCPUPerTokenMicros float64 `json:"harness_cpu_per_token_us"`
@@ -226,6 +230,18 @@ type HopIdle struct {
 	Before map[string]IdleGap `json:"before"`
 }
 
+// HopCrossing is the decode groups that crossed into a hop from the hop
+// before it in the measured window (telemetry.Crossing), each group's
+// hand-off in parts: the sender's frame-out, the relay (the head, the wire)
+// to the group's last arrival, the wait for the hop's forward, in all.
+type HopCrossing struct {
+	Groups int  `json:"groups"`
+	Out    Dist `json:"out"`
+	Relay  Dist `json:"relay"`
+	Wait   Dist `json:"wait"`
+	Total  Dist `json:"total"`
+}
+
 // IdleGap is the idle before the forwards of one kind: its share of the
 // window, the mean gap and the forwards.
 type IdleGap struct {
@@ -235,16 +251,26 @@ type IdleGap struct {
 }
 
 // fromSpans reads the workers' span files and summarises each hop's
-// stages and forwards within [from, to]. instances name the workers in
-// route order as their spans do.
-func fromSpans(files, instances []string, from, to time.Time) ([]map[string]Dist, []HopIdle, error) {
+// stages, forwards and the crossings into it within [from, to]. instances
+// name the workers in route order as their spans do.
+func fromSpans(files, instances []string, from, to time.Time) ([]map[string]Dist, []HopIdle, []HopCrossing, error) {
 	spans, err := telemetry.ReadSpans(files...)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	byInst := telemetry.StageDurations(spans, from, to)
 	idle := telemetry.ForwardIdle(spans, from, to)
 	stages, idles := make([]map[string]Dist, len(instances)), make([]HopIdle, len(instances))
+	var crossings []HopCrossing
+	if n := len(instances); n > 1 {
+		cs := telemetry.Crossings(spans, from, to)
+		crossings = make([]HopCrossing, n)
+		for i, inst := range instances {
+			if c := cs[[2]string{instances[(i+n-1)%n], inst}]; c != nil {
+				crossings[i] = hopCrossing(c)
+			}
+		}
+	}
 	for i, inst := range instances {
 		stages[i] = map[string]Dist{}
 		for stage, ds := range byInst[inst] {
@@ -260,7 +286,19 @@ func fromSpans(files, instances []string, from, to time.Time) ([]map[string]Dist
 		}
 		idles[i] = hopIdle(idle[inst])
 	}
-	return stages, idles, nil
+	return stages, idles, crossings, nil
+}
+
+// hopCrossing summarises a telemetry.Crossing's parts.
+func hopCrossing(c *telemetry.Crossing) HopCrossing {
+	dist := func(ds []time.Duration) Dist {
+		h := newHist()
+		for _, d := range ds {
+			h.record(d)
+		}
+		return h.dist(false)
+	}
+	return HopCrossing{Groups: c.Groups(), Out: dist(c.Out), Relay: dist(c.Relay), Wait: dist(c.Wait), Total: dist(c.Total)}
 }
 
 // hopIdle turns a worker's telemetry.Idle into shares of its span.

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -141,6 +142,7 @@ func Report(w io.Writer, spans []SpanRecord) {
 		fmt.Fprintln(w, "  (no shardd step spans: were the workers run with --traces?)")
 	}
 	reportIdle(w, ForwardIdle(spans, time.Time{}, time.Time{}))
+	reportCrossings(w, Crossings(spans, time.Time{}, time.Time{}))
 }
 
 // coreSpeeds gathers per instance the core speed its forward spans carry
@@ -176,5 +178,23 @@ func reportIdle(w io.Writer, byHop map[string]Idle) {
 			}
 		}
 		fmt.Fprintln(w)
+	}
+}
+
+// reportCrossings prints each crossing's parts, p50 / p90 (Crossing).
+func reportCrossings(w io.Writer, cs map[[2]string]*Crossing) {
+	keys := slices.SortedFunc(maps.Keys(cs), func(a, b [2]string) int {
+		return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1]))
+	})
+	if len(keys) > 0 {
+		fmt.Fprintf(w, "\ncrossings, a decode group from one worker to the next (p50 / p90: the sender's frame-out, the relay through\nthe head and the wire to the group's last arrival, the wait for the receiver's forward, in all):\n")
+	}
+	pp := func(d dist) string {
+		return fmt.Sprintf("%s / %s", d.pct(0.5).Round(10*time.Microsecond), d.pct(0.9).Round(10*time.Microsecond))
+	}
+	for _, k := range keys {
+		c := cs[k]
+		fmt.Fprintf(w, "  %s -> %s, %d groups: out %s, relay %s, wait %s, in all %s\n", c.From, c.To, c.Groups(),
+			pp(c.Out), pp(c.Relay), pp(c.Wait), pp(c.Total))
 	}
 }
