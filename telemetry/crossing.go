@@ -25,8 +25,8 @@ import (
 //     end (the sender writing the group out);
 //   - Relay: from that frame-out end to the receiver's last decode-span
 //     start (the head, the wire and both transports: the group arrived);
-//   - Wait: from that arrival to the receiver's forward start (a hold for
-//     rows still to come, or a forward already running);
+//   - Wait: from that arrival to the receiver's forward start (its first
+//     row's: a forward already running, or the scheduler's own time);
 //   - Total: from the sender's forward end to the receiver's forward
 //     start.
 type Crossing struct {
@@ -83,7 +83,8 @@ func Crossings(spans []SpanRecord, from, to time.Time) map[[2]string]*Crossing {
 	for _, k := range keys {
 		g := groups[k]
 		var sender string
-		var senderEnd, sent, arrived, started int64
+		var senderEnd, sent, arrived int64
+		started := g[0].started // the forward's: its first row's
 		whole := true
 		for _, s := range g {
 			p := prev[s]
@@ -93,7 +94,7 @@ func Crossings(spans []SpanRecord, from, to time.Time) map[[2]string]*Crossing {
 			}
 			sender = p.inst
 			senderEnd, sent = max(senderEnd, p.ended), max(sent, p.sent)
-			arrived, started = max(arrived, s.arrived), max(started, s.started)
+			arrived, started = max(arrived, s.arrived), min(started, s.started)
 		}
 		if !whole {
 			continue
