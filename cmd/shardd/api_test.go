@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -117,7 +116,10 @@ func TestOpenAIClient(t *testing.T) {
 	standbyLine := startLine(t, bin, "shardd api: listening on ", "api", "--route", c.Addrs[0]+","+c.Addrs[1]+"|"+c.Addrs[2],
 		"--tokenizer", shards[0], "--listen", "127.0.0.1:0")
 	standbyBase, _, _ := strings.Cut(standbyLine, " ")
-	streamsSurvive(t, standbyBase, func() { syscall.Kill(c.Pids[1], syscall.SIGKILL) })
+	// Kill waits until the worker is gone: under a loaded machine a
+	// SIGKILLed process can still answer for a moment, and /health below
+	// must see it dead.
+	streamsSurvive(t, standbyBase, func() { c.Kill(1) })
 	resp, err := http.Get(base + "/health")
 	if err != nil {
 		t.Fatal(err)
