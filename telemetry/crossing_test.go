@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -63,6 +64,14 @@ func TestCrossings(t *testing.T) {
 	}
 	if g := got[[2]string{"hop0", "hop1"}].Groups(); g != 1 {
 		t.Errorf("hop0->hop1: %d groups, want 1", g)
+	}
+
+	// trace-report prints each crossing's parts.
+	var out strings.Builder
+	Report(&out, spans)
+	line := "  hop0 -> hop1, 1 groups: out 2ms / 2ms, relay 3ms / 3ms, wait 2ms / 2ms, in all 7ms / 7ms\n"
+	if !strings.Contains(out.String(), line) {
+		t.Errorf("trace report lacks\n%s in\n%s", line, out.String())
 	}
 
 	// The window leaves out the steps outside it, and with them the
