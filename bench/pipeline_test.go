@@ -452,8 +452,9 @@ func pipeCeilingRun(stages [2]backend.Backend, sessions, outLen, groups int, pro
 // "gap:X" is X with CPU 0 sleeping 5 ms after each timed forward too; its
 // ratio is to "gap:alone" where that case runs. Each op times every case in
 // turn (eight forwards each by default, the order rotating); reported are
-// each case's median time and the median of its per-op ratio. On a machine whose two
-// CPUs are two cores with bandwidth to spare, every ratio is near 1.
+// each case's median time and the median of its per-op ratio. On a machine
+// whose two CPUs are two cores with bandwidth to spare, every ratio is near
+// 1.
 //
 // SHARDD_BESIDE_CASES picks the cases (comma-separated, e.g.
 // alone,forward,gap:alone,gap:forward-gap) and SHARDD_BESIDE_FORWARDS the

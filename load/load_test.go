@@ -385,11 +385,7 @@ func TestFromSpansIdle(t *testing.T) {
 	fwd("w0", 230, 240, 2, 0)  // 40 ms before part of one
 	fwd("w0", 250, 300, 0, 8)  // 10 ms before prompt rows
 	fwd("w1", 120, 180, 16, 0)
-	file := filepath.Join(t.TempDir(), "spans.jsonl")
-	if err := os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	stages, idle, crossings, err := fromSpans([]string{file}, []string{"w0", "w1"}, time.Time{}, time.Time{})
+	stages, idle, crossings, err := fromSpans([]string{spanFile(t, lines)}, []string{"w0", "w1"}, time.Time{}, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -467,11 +463,7 @@ func TestFromSpansCrossings(t *testing.T) {
 			step("w1", sess, at+42.5+off, at+44, at+80, at+80.5)
 		}
 	}
-	file := filepath.Join(t.TempDir(), "spans.jsonl")
-	if err := os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	_, _, crossings, err := fromSpans([]string{file}, []string{"w0", "w1"}, time.Time{}, time.Time{})
+	_, _, crossings, err := fromSpans([]string{spanFile(t, lines)}, []string{"w0", "w1"}, time.Time{}, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,4 +482,14 @@ func TestFromSpansCrossings(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^ +1 +0 +2 +0\.75 ms / 0\.75 ms +2\.25 ms / 2\.25 ms +1\.00 ms / 1\.00 ms +4\.00 ms / 4\.00 ms$`).MatchString(out.String()) {
 		t.Errorf("report lacks the crossing into hop 1:\n%s", out.String())
 	}
+}
+
+// spanFile writes span JSON lines to a file of the test's and returns its
+// path.
+func spanFile(t *testing.T, lines []string) string {
+	file := filepath.Join(t.TempDir(), "spans.jsonl")
+	if err := os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return file
 }

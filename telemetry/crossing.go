@@ -30,7 +30,6 @@ import (
 //   - Total: from the sender's forward end to the receiver's forward
 //     start.
 type Crossing struct {
-	From, To                string
 	Out, Relay, Wait, Total []time.Duration
 }
 
@@ -102,7 +101,7 @@ func Crossings(spans []SpanRecord, from, to time.Time) map[[2]string]*Crossing {
 		key := [2]string{sender, k.inst}
 		c := out[key]
 		if c == nil {
-			c = &Crossing{From: sender, To: k.inst}
+			c = &Crossing{}
 			out[key] = c
 		}
 		c.Out = append(c.Out, time.Duration(sent-senderEnd))

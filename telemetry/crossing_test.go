@@ -52,9 +52,9 @@ func TestCrossings(t *testing.T) {
 	}
 	ms := time.Millisecond
 	want := map[[2]string]Crossing{
-		{"hop0", "hop1"}: {From: "hop0", To: "hop1", Out: []time.Duration{2 * ms}, Relay: []time.Duration{3 * ms},
+		{"hop0", "hop1"}: {Out: []time.Duration{2 * ms}, Relay: []time.Duration{3 * ms},
 			Wait: []time.Duration{2 * ms}, Total: []time.Duration{7 * ms}},
-		{"hop1", "hop0"}: {From: "hop1", To: "hop0", Out: []time.Duration{ms}, Relay: []time.Duration{3 * ms},
+		{"hop1", "hop0"}: {Out: []time.Duration{ms}, Relay: []time.Duration{3 * ms},
 			Wait: []time.Duration{6 * ms}, Total: []time.Duration{10 * ms}},
 	}
 	for k, w := range want {

@@ -194,7 +194,7 @@ func reportCrossings(w io.Writer, cs map[[2]string]*Crossing) {
 	}
 	for _, k := range keys {
 		c := cs[k]
-		fmt.Fprintf(w, "  %s -> %s, %d groups: out %s, relay %s, wait %s, in all %s\n", c.From, c.To, c.Groups(),
+		fmt.Fprintf(w, "  %s -> %s, %d groups: out %s, relay %s, wait %s, in all %s\n", k[0], k[1], c.Groups(),
 			pp(c.Out), pp(c.Relay), pp(c.Wait), pp(c.Total))
 	}
 }
