@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,6 +44,10 @@ type Config struct {
 	Service, Instance string
 	// MetricsListen serves Prometheus /metrics there; "" turns metrics off.
 	MetricsListen string
+	// Profiling also serves Go's profiles (net/http/pprof) at
+	// /debug/pprof/ on the metrics listener. Off by default: a CPU or
+	// trace profile costs the process while it runs.
+	Profiling bool
 }
 
 // Telemetry holds the providers; Shutdown flushes and stops them.
@@ -64,6 +69,9 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 	)
 	if err := t.setupTraces(ctx, cfg, res); err != nil {
 		return nil, err
+	}
+	if cfg.Profiling && cfg.MetricsListen == "" {
+		return nil, fmt.Errorf("telemetry: profiles are served on the metrics listener: set one")
 	}
 	if cfg.MetricsListen != "" {
 		if err := t.setupMetrics(cfg, res); err != nil {
@@ -126,6 +134,13 @@ func (t *Telemetry) setupMetrics(cfg Config, res *resource.Resource) error {
 	t.MetricsAddr = lis.Addr().String()
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if cfg.Profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index) // and each named profile under it
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(lis)
 	t.shutdown = append(t.shutdown, srv.Shutdown)

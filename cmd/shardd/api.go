@@ -99,6 +99,9 @@ func runAPI(args []string) error {
 		return err
 	}
 	defer tel.Shutdown(context.Background())
+	if tel.MetricsAddr != "" {
+		fmt.Printf("shardd api: metrics on %s\n", tel.MetricsAddr) // --metrics-listen may pick a free port
+	}
 	hops, alts, workerTLS, err := routeSpec(*f.route, f.workerTLS)
 	if err != nil {
 		return err

@@ -51,7 +51,7 @@ func TestOpenAIClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := load.StartWorkers(context.Background(), bin, dir, []load.WorkerSpec{
-		{Model: shards[0], Name: "hop0", Threads: 1, Args: []string{"--metrics-listen", "127.0.0.1:0"}},
+		{Model: shards[0], Name: "hop0", Threads: 1, Args: []string{"--metrics-listen", "127.0.0.1:0", "--pprof"}},
 		{Model: shards[1], Name: "hop1", Threads: 1, Args: []string{"--metrics-listen", "127.0.0.1:0"}},
 		{Model: shards[1], Name: "hop1-standby", Threads: 1},
 	})
@@ -59,6 +59,18 @@ func TestOpenAIClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
+	// --pprof serves Go's profiles beside /metrics, and only where asked.
+	for i, want := range []int{http.StatusOK, http.StatusNotFound} {
+		resp, err := http.Get("http://" + c.Metrics[i] + "/debug/pprof/cmdline")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || (want == http.StatusOK && !strings.Contains(string(body), "serve")) {
+			t.Fatalf("hop %d's /debug/pprof/cmdline: %d %.100q, want %d", i, resp.StatusCode, body, want)
+		}
+	}
 	routeFlag := strings.Join(c.Addrs[:2], ",")
 	keys := filepath.Join(dir, "keys")
 	if err := os.WriteFile(keys, []byte("# test keys\nsk-test-1\nsk-test-2\n"), 0o600); err != nil {
