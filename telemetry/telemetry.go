@@ -46,7 +46,8 @@ type Config struct {
 	MetricsListen string
 	// Profiling also serves Go's profiles (net/http/pprof) at
 	// /debug/pprof/ on the metrics listener. Off by default: a CPU or
-	// trace profile costs the process while it runs.
+	// trace profile costs the process while it runs, and the listener is
+	// plain HTTP with no authentication.
 	Profiling bool
 }
 
@@ -67,11 +68,11 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 		attribute.String("service.name", cfg.Service),
 		attribute.String("service.instance.id", cfg.Instance),
 	)
-	if err := t.setupTraces(ctx, cfg, res); err != nil {
-		return nil, err
-	}
 	if cfg.Profiling && cfg.MetricsListen == "" {
 		return nil, fmt.Errorf("telemetry: profiles are served on the metrics listener: set one")
+	}
+	if err := t.setupTraces(ctx, cfg, res); err != nil {
+		return nil, err
 	}
 	if cfg.MetricsListen != "" {
 		if err := t.setupMetrics(cfg, res); err != nil {

@@ -19,7 +19,7 @@ func addTelemetryFlags(fs *flag.FlagSet) *telemetryFlags {
 		sample:   fs.Float64("trace-sample", 1, "fraction of new traces recorded (a sampled parent is always followed)"),
 		metrics:  fs.String("metrics-listen", "", "serve Prometheus /metrics on this address (empty: no metrics)"),
 		instance: fs.String("instance", "", "this process's name in spans (default: the listen address)"),
-		pprof:    fs.Bool("pprof", false, "also serve Go's profiles at /debug/pprof/ on --metrics-listen (go tool pprof http://ADDR/debug/pprof/profile; time in llama.cpp shows as its cgo call)"),
+		pprof:    fs.Bool("pprof", false, "also serve Go's profiles at /debug/pprof/ on --metrics-listen (go tool pprof http://ADDR/debug/pprof/profile; time in llama.cpp shows as its cgo call; plain HTTP, no authentication: keep it on loopback or a private network)"),
 	}
 }
 
