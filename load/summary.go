@@ -274,15 +274,11 @@ func fromSpans(files, instances []string, from, to time.Time) ([]map[string]Dist
 	for i, inst := range instances {
 		stages[i] = map[string]Dist{}
 		for stage, ds := range byInst[inst] {
-			h := newHist()
-			for _, d := range ds {
-				h.record(d)
-			}
 			name := stage
 			if stage == "shardd.step" {
 				name = "step"
 			}
-			stages[i][name] = h.dist(false)
+			stages[i][name] = distOf(ds)
 		}
 		idles[i] = hopIdle(idle[inst])
 	}
@@ -291,14 +287,16 @@ func fromSpans(files, instances []string, from, to time.Time) ([]map[string]Dist
 
 // hopCrossing summarises a telemetry.Crossing's parts.
 func hopCrossing(c *telemetry.Crossing) HopCrossing {
-	dist := func(ds []time.Duration) Dist {
-		h := newHist()
-		for _, d := range ds {
-			h.record(d)
-		}
-		return h.dist(false)
+	return HopCrossing{Groups: c.Groups(), Out: distOf(c.Out), Relay: distOf(c.Relay), Wait: distOf(c.Wait), Total: distOf(c.Total)}
+}
+
+// distOf is the distribution of ds.
+func distOf(ds []time.Duration) Dist {
+	h := newHist()
+	for _, d := range ds {
+		h.record(d)
 	}
-	return HopCrossing{Groups: c.Groups(), Out: dist(c.Out), Relay: dist(c.Relay), Wait: dist(c.Wait), Total: dist(c.Total)}
+	return h.dist(false)
 }
 
 // hopIdle turns a worker's telemetry.Idle into shares of its span.
